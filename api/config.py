@@ -1,0 +1,84 @@
+"""Settings, read once from the environment (``IDEMPAY_*``) and passed in.
+
+Nothing here runs at import time: ``Settings()`` is called by ``create_app`` and the CLI.
+Every setting is documented in ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SQLITE_DIR = Path("var")
+_DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd])?")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="IDEMPAY_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy async URL; unset means embedded SQLite under ./var/.",
+    )
+    var_dir: Path = Field(default=DEFAULT_SQLITE_DIR, description="Embedded data directory.")
+    redis_url: str | None = Field(default=None, description="Optional Redis (advisory only).")
+    secret_key: str = Field(
+        default="idempay-dev-secret-change-me",
+        description="Keys the card fingerprint HMAC and the issuer key derivation.",
+    )
+    issuer_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for the issuer.")
+    issuer_deadline: float = Field(
+        default=60.0, gt=0, description="Seconds after which an unanswered key is voided+aborted."
+    )
+    issuer_slow_seconds: float = Field(default=2.0, ge=0, description="tok_issuer_slow latency.")
+    lease_seconds: float = Field(
+        default=15.0, gt=0, description="How long a claim owns a key before it can be taken over."
+    )
+    completer_interval: float = Field(default=1.0, gt=0, description="Completer poll period (s).")
+    completer_enabled: bool = Field(default=True, description="Run the completer in-process.")
+    tombstone_retention: float = Field(
+        default=35 * 86_400.0,
+        gt=0,
+        description=(
+            "Seconds (or a duration like 35d, 12h, 30m, 45s) tombstones and request events are"
+            " kept; also the captured_at age limit."
+        ),
+    )
+    rate_limit: str = Field(
+        default="600/second", description="Per-API-key limit in `limits` notation, e.g. 100/second."
+    )
+    rate_limit_terminal: str = Field(
+        default="50/second", description="Per-(API key, terminal) limit on creates."
+    )
+    retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After for 409/202/503.")
+    event_batch_size: int = Field(default=500, ge=1, description="Request events per flush.")
+    event_flush_interval: float = Field(default=0.2, gt=0, description="Event flush period (s).")
+    event_queue_max: int = Field(default=100_000, ge=1, description="Bound of the event queue.")
+    db_pool_size: int = Field(default=20, ge=1, description="Postgres connection pool size.")
+    db_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection.")
+    log_level: str = Field(default="INFO", description="structlog level.")
+    log_json: bool = Field(default=True, description="JSON logs (false: console renderer).")
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.var_dir / 'idempay.db'}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.resolved_database_url.startswith("sqlite")
+
+    @field_validator("tombstone_retention", mode="before")
+    @classmethod
+    def _parse_duration(cls, value: object) -> object:
+        if isinstance(value, str):
+            match = _DURATION.fullmatch(value.strip())
+            if not match:
+                raise ValueError("expected seconds or a duration such as 35d, 12h, 30m, 45s")
+            return float(match["n"]) * _UNITS[match["unit"] or "s"]
+        return value

@@ -1,0 +1,25 @@
+"""What the routes need, built once per process in the app's lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from api.auth import Authenticator
+from api.config import Settings
+from api.events.writer import EventWriter
+from api.ratelimit import RateLimiter
+from api.transactions.service import TransactionService
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    engine: AsyncEngine
+    service: TransactionService
+    auth: Authenticator
+    limiter: RateLimiter
+    events: EventWriter
+    redis: Any | None = None

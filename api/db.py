@@ -1,0 +1,126 @@
+"""Metadata, engine/sessionmaker factories and the ``atomic`` transaction helper.
+
+Postgres (asyncpg) is the source of truth in production; SQLite (aiosqlite, WAL) is the
+embedded default. On SQLite every transaction starts with ``BEGIN IMMEDIATE`` so writers
+queue on the database lock instead of failing a lock upgrade half-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import DateTime, MetaData, event
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.types import TypeDecorator
+
+from api.config import Settings
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite has no time zones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def create_engine(settings: Settings) -> AsyncEngine:
+    url = settings.resolved_database_url
+    if settings.is_sqlite:
+        return _sqlite_engine(url)
+    return create_async_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_pool_size,
+        pool_timeout=settings.db_timeout,
+        pool_pre_ping=False,
+        connect_args={"timeout": settings.db_timeout, "command_timeout": 30},
+    )
+
+
+def _sqlite_engine(url: str) -> AsyncEngine:
+    path = url.split("///", 1)[1]
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url, connect_args={"timeout": 30})
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+
+@asynccontextmanager
+async def atomic(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
+    """One database transaction: commit on success, roll back on any exception."""
+    async with sessions() as session, session.begin():
+        yield session
+
+
+async def insert_if_absent(session: AsyncSession, model: Any, values: dict[str, Any]) -> bool:
+    """``INSERT … ON CONFLICT DO NOTHING``; True when this call inserted the row.
+
+    On Postgres a concurrent insert of the same key waits for the other transaction and
+    then does nothing: the unique index decides, exactly once.
+    """
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    result = await session.execute(insert(model).values(**values).on_conflict_do_nothing())
+    return bool(result.rowcount)  # type: ignore[attr-defined]

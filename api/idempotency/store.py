@@ -1,0 +1,221 @@
+"""The idempotency key store: claim, take over, complete, fence — each guarded by the key's
+unique index or its lease token, so exactly one writer wins every race.
+
+States: ``processing`` (owned by whoever holds ``lease_token`` until ``lease_until``) →
+``completed`` (response stored) | ``aborted`` (fenced by abort or past the issuer deadline) |
+``expired`` (fenced because the request arrived too late). Terminal states never change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.db import insert_if_absent
+from api.models import IdempotencyKey
+
+PROCESSING = "processing"
+COMPLETED = "completed"
+ABORTED = "aborted"
+EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    merchant_id: str
+    key: str
+    state: str
+    fingerprint: str | None
+    lease_token: int
+    lease_until: datetime | None
+    request: str | None
+    response_status: int | None
+    response_body: str | None
+    terminal_id: str | None
+    created_at: datetime
+    deadline_at: datetime | None
+
+    def lease_live(self, now: datetime) -> bool:
+        return self.lease_until is not None and self.lease_until > now
+
+
+_COLUMNS = (
+    IdempotencyKey.merchant_id,
+    IdempotencyKey.key,
+    IdempotencyKey.state,
+    IdempotencyKey.fingerprint,
+    IdempotencyKey.lease_token,
+    IdempotencyKey.lease_until,
+    IdempotencyKey.request,
+    IdempotencyKey.response_status,
+    IdempotencyKey.response_body,
+    IdempotencyKey.terminal_id,
+    IdempotencyKey.created_at,
+    IdempotencyKey.deadline_at,
+)
+
+
+def _where(merchant_id: str, key: str) -> tuple[object, ...]:
+    return (IdempotencyKey.merchant_id == merchant_id, IdempotencyKey.key == key)
+
+
+async def get(session: AsyncSession, merchant_id: str, key: str) -> KeyRecord | None:
+    row = (await session.execute(select(*_COLUMNS).where(*_where(merchant_id, key)))).first()
+    return KeyRecord(*row) if row else None
+
+
+async def claim(
+    session: AsyncSession,
+    *,
+    merchant_id: str,
+    key: str,
+    fingerprint: str,
+    request: str,
+    terminal_id: str,
+    now: datetime,
+    lease_s: float,
+    deadline_s: float,
+) -> bool:
+    """Insert the key as ``processing`` with lease token 1; False if the key exists."""
+    return await insert_if_absent(
+        session,
+        IdempotencyKey,
+        {
+            "merchant_id": merchant_id,
+            "key": key,
+            "state": PROCESSING,
+            "fingerprint": fingerprint,
+            "lease_token": 1,
+            "lease_until": now + timedelta(seconds=lease_s),
+            "request": request,
+            "terminal_id": terminal_id,
+            "created_at": now,
+            "updated_at": now,
+            "deadline_at": now + timedelta(seconds=deadline_s),
+        },
+    )
+
+
+async def fence(
+    session: AsyncSession,
+    *,
+    merchant_id: str,
+    key: str,
+    state: str,
+    now: datetime,
+    fingerprint: str | None = None,
+    terminal_id: str | None = None,
+    response_status: int | None = None,
+    response_body: str | None = None,
+) -> bool:
+    """Insert a tombstone (``aborted``/``expired``); False if the key already exists."""
+    return await insert_if_absent(
+        session,
+        IdempotencyKey,
+        {
+            "merchant_id": merchant_id,
+            "key": key,
+            "state": state,
+            "fingerprint": fingerprint,
+            "lease_token": 0,
+            "terminal_id": terminal_id,
+            "response_status": response_status,
+            "response_body": response_body,
+            "created_at": now,
+            "updated_at": now,
+        },
+    )
+
+
+async def take_over(
+    session: AsyncSession, record: KeyRecord, *, now: datetime, lease_s: float
+) -> int | None:
+    """Claim an expired lease; the new token, or None if someone else got there first."""
+    result = await session.execute(
+        update(IdempotencyKey)
+        .where(
+            *_where(record.merchant_id, record.key),
+            IdempotencyKey.state == PROCESSING,
+            IdempotencyKey.lease_token == record.lease_token,
+        )
+        .values(
+            lease_token=record.lease_token + 1,
+            lease_until=now + timedelta(seconds=lease_s),
+            updated_at=now,
+        )
+    )
+    return record.lease_token + 1 if result.rowcount else None  # type: ignore[attr-defined]
+
+
+async def complete(
+    session: AsyncSession,
+    *,
+    merchant_id: str,
+    key: str,
+    token: int,
+    now: datetime,
+    response_status: int,
+    response_body: str,
+) -> bool:
+    """The final write: only the holder of the current lease token may complete the key."""
+    result = await session.execute(
+        update(IdempotencyKey)
+        .where(
+            *_where(merchant_id, key),
+            IdempotencyKey.state == PROCESSING,
+            IdempotencyKey.lease_token == token,
+        )
+        .values(
+            state=COMPLETED,
+            response_status=response_status,
+            response_body=response_body,
+            request=None,
+            lease_until=None,
+            updated_at=now,
+        )
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def fence_owned(
+    session: AsyncSession, *, merchant_id: str, key: str, token: int, now: datetime
+) -> bool:
+    """Turn a key we own (by lease token) into an ``aborted`` tombstone."""
+    result = await session.execute(
+        update(IdempotencyKey)
+        .where(
+            *_where(merchant_id, key),
+            IdempotencyKey.state == PROCESSING,
+            IdempotencyKey.lease_token == token,
+        )
+        .values(state=ABORTED, request=None, lease_until=None, updated_at=now)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def release(
+    session: AsyncSession, *, merchant_id: str, key: str, token: int, until: datetime
+) -> None:
+    """Hand a key we own to whoever comes next (the completer, a retry) at ``until``."""
+    await session.execute(
+        update(IdempotencyKey)
+        .where(
+            *_where(merchant_id, key),
+            IdempotencyKey.state == PROCESSING,
+            IdempotencyKey.lease_token == token,
+        )
+        .values(lease_until=until)
+    )
+
+
+async def expired_leases(session: AsyncSession, *, now: datetime, limit: int) -> list[KeyRecord]:
+    rows = await session.execute(
+        select(*_COLUMNS)
+        .where(IdempotencyKey.state == PROCESSING, IdempotencyKey.lease_until < now)
+        .order_by(IdempotencyKey.lease_until)
+        .limit(limit)
+    )
+    return [KeyRecord(*row) for row in rows]

@@ -1,0 +1,184 @@
+"""``create_app(settings)``: the FastAPI application, its lifespan and its error handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.auth import Authenticator
+from api.config import Settings
+from api.context import AppContext
+from api.db import create_engine, create_sessionmaker
+from api.errors import ApiError, problem_response
+from api.events.writer import EventWriter
+from api.idempotency.completer import Completer
+from api.logs import configure_logging
+from api.ops import router as ops_router
+from api.ratelimit import RateLimiter
+from api.transactions.issuer import SimulatedIssuer
+from api.transactions.openapi import add_component_schemas
+from api.transactions.router import router as transactions_router
+from api.transactions.service import TransactionService
+
+log = structlog.get_logger("idempay")
+_SAFE_REQUEST_ID = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+class RequestIdMiddleware:
+    """Every response carries ``X-Request-Id`` (the client's, if it is safe, else a new one)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = ""
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                candidate = value.decode("latin-1")
+                if 0 < len(candidate) <= 128 and set(candidate) <= _SAFE_REQUEST_ID:
+                    request_id = candidate
+        request_id = request_id or uuid.uuid4().hex
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+
+
+def build_context(settings: Settings) -> AppContext:
+    engine = create_engine(settings)
+    sessions = create_sessionmaker(engine)
+    issuer = SimulatedIssuer(sessions, slow_seconds=settings.issuer_slow_seconds)
+    redis = None
+    if settings.redis_url:
+        import redis.asyncio as aioredis
+
+        redis = aioredis.from_url(
+            settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5, max_connections=64
+        )
+    return AppContext(
+        settings=settings,
+        engine=engine,
+        service=TransactionService(sessions, issuer, settings),
+        auth=Authenticator(sessions),
+        limiter=RateLimiter(
+            per_key=settings.rate_limit,
+            per_terminal=settings.rate_limit_terminal,
+            redis_url=settings.redis_url,
+        ),
+        events=EventWriter(
+            sessions,
+            batch_size=settings.event_batch_size,
+            interval=settings.event_flush_interval,
+            max_queue=settings.event_queue_max,
+        ),
+        redis=redis,
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = build_context(settings)
+        app.state.ctx = ctx
+        tasks = [asyncio.create_task(ctx.events.run_forever(), name="events")]
+        if settings.completer_enabled:
+            completer = Completer(ctx.service, interval=settings.completer_interval)
+            app.state.completer = completer
+            tasks.append(asyncio.create_task(completer.run_forever(), name="completer"))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await ctx.events.drain()
+            if ctx.redis is not None:
+                await ctx.redis.aclose()
+            await ctx.engine.dispose()
+
+    app = FastAPI(
+        title="idempay",
+        version="1.0.0",
+        summary="Exactly-once card transactions for payment terminals on unreliable links.",
+        lifespan=lifespan,
+    )
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(ops_router)
+    app.include_router(transactions_router)
+    _install_error_handlers(app)
+    _install_openapi(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def on_api_error(_request: Request, exc: ApiError) -> Response:
+        return problem_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(_request: Request, exc: RequestValidationError) -> Response:
+        errors = [
+            {"loc": list(err.get("loc", [])), "msg": err.get("msg", ""), "type": err.get("type")}
+            for err in exc.errors()
+        ]
+        return problem_response(
+            ApiError(422, "validation_error", "The request is invalid.", extra={"errors": errors})
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(_request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return problem_response(
+            ApiError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
+        )
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_request: Request, exc: Exception) -> Response:
+        log.exception("unhandled_error", error=type(exc).__name__)
+        return problem_response(ApiError(500, "internal_error", "Internal error."))
+
+
+def _install_openapi(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
+            add_component_schemas(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def app_factory() -> FastAPI:
+    """Entry point for ``uvicorn --factory api.main:app_factory`` (reads IDEMPAY_* once)."""
+    return create_app(Settings())

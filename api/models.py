@@ -1,0 +1,142 @@
+"""All tables. Singular snake_case names, ``_at`` timestamps, money as BigInteger minor units.
+
+The exactly-once argument lives in three constraints:
+- ``idempotency_key`` primary key (merchant_id, key): the claim; one winner per key.
+- ``transaction`` primary key (merchant_id, id): one transaction per key.
+- ``ledger_entry`` unique (merchant_id, transaction_id, kind): one charge per transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from api.db import Base, UTCDateTime
+
+
+class Merchant(Base):
+    __tablename__ = "merchant"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ApiKey(Base):
+    __tablename__ = "api_key"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    merchant_id: Mapped[str] = mapped_column(String(40), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    __table_args__ = (
+        ForeignKeyConstraint(["merchant_id"], ["merchant.id"], name="fk_api_key_merchant"),
+    )
+
+
+class IdempotencyKey(Base):
+    """One row per (merchant, key): processing → completed | aborted | expired."""
+
+    __tablename__ = "idempotency_key"
+    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key: Mapped[str] = mapped_column(String(36), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_token: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    request: Mapped[str | None] = mapped_column(Text, nullable=True)
+    response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
+    terminal_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    __table_args__ = (
+        Index("ix_idempotency_key_state_lease_until", "state", "lease_until"),
+        Index("ix_idempotency_key_state_updated_at", "state", "updated_at"),
+    )
+
+
+class Transaction(Base):
+    __tablename__ = "transaction"
+    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    terminal_id: Mapped[str] = mapped_column(String(64))
+    type: Mapped[str] = mapped_column(String(16))
+    amount: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    card_last4: Mapped[str] = mapped_column(String(4))
+    card_brand: Mapped[str] = mapped_column(String(32))
+    card_fingerprint: Mapped[str] = mapped_column(String(64))
+    installments: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    decline_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    authorization_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    captured_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    processed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    reversed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    metadata_json: Mapped[str | None] = mapped_column("metadata", Text, nullable=True)
+
+
+class LedgerEntry(Base):
+    __tablename__ = "ledger_entry"
+    entry_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    merchant_id: Mapped[str] = mapped_column(String(40))
+    transaction_id: Mapped[str] = mapped_column(String(36))
+    amount: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    __table_args__ = (
+        UniqueConstraint(
+            "merchant_id", "transaction_id", "kind", name="uq_ledger_entry_transaction_kind"
+        ),
+        ForeignKeyConstraint(
+            ["merchant_id", "transaction_id"],
+            ["transaction.merchant_id", "transaction.id"],
+            name="fk_ledger_entry_transaction",
+        ),
+    )
+
+
+class RequestEvent(Base):
+    __tablename__ = "request_event"
+    event_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    merchant_id: Mapped[str] = mapped_column(String(40))
+    terminal_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    endpoint: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str] = mapped_column(String(24))
+    http_status: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    network: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    exported_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class IssuerAuthorization(Base):
+    """The issuer simulator's own record, keyed by the derived issuer idempotency key."""
+
+    __tablename__ = "issuer_authorization"
+    issuer_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    result: Mapped[str] = mapped_column(String(16))
+    decline_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    authorization_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    amount: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    calls: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    voided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -1,0 +1,83 @@
+"""Operations endpoints: liveness, readiness, Prometheus metrics, the retention policy."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from starlette.responses import JSONResponse, Response
+
+from api.errors import PROBLEM_JSON
+from api.metrics import IN_FLIGHT
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> Response:
+    ctx = request.app.state.ctx
+    database = "ok"
+    try:
+        async with asyncio.timeout(2.0), ctx.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except Exception:
+        database = "down"
+    redis = "disabled"
+    if ctx.redis is not None:
+        try:
+            async with asyncio.timeout(1.0):
+                await ctx.redis.ping()
+            redis = "ok"
+        except Exception:
+            redis = "down"
+    checks = {"database": database, "redis": redis}
+    if database != "ok":
+        body: dict[str, Any] = {
+            "type": "urn:idempay:problem:service_unavailable",
+            "title": "Storage unavailable",
+            "status": 503,
+            "detail": "The database is unreachable.",
+            "code": "service_unavailable",
+            "checks": checks,
+        }
+        return JSONResponse(body, 503, media_type=PROBLEM_JSON, headers={"Retry-After": "1"})
+    status = "degraded" if redis == "down" else "ok"
+    return JSONResponse({"status": status, "checks": checks})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    IN_FLIGHT.set(request.app.state.ctx.service.in_flight)
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/idempotency-policy")
+async def idempotency_policy(request: Request) -> dict[str, Any]:
+    """How long keys, tombstones and responses are kept (also in the README)."""
+    settings = request.app.state.ctx.settings
+    retention = settings.tombstone_retention
+    return {
+        "key_scope": "merchant",
+        "completed_keys": {
+            "retention": "permanent",
+            "detail": "A processed key lives as long as its transaction (a financial record); "
+            "its stored response is replayed for the same payload forever.",
+        },
+        "tombstone_retention_seconds": retention,
+        "request_event_retention_seconds": retention,
+        "captured_at_max_age_seconds": retention,
+        "response_retention": "permanent (stored with the key)",
+        "lease_seconds": settings.lease_seconds,
+        "issuer_timeout_seconds": settings.issuer_timeout,
+        "issuer_deadline_seconds": settings.issuer_deadline,
+        "rule": "A create whose captured_at is older than the tombstone retention window is "
+        "refused (410 request_expired), so no late original can outlive its tombstone.",
+    }

@@ -1,0 +1,168 @@
+"""The issuer interface and the built-in simulator (test tokens in the spirit of Stripe's).
+
+Test tokens: ``tok_*`` approves; ``tok_decline_insufficient_funds`` and
+``tok_decline_do_not_honor`` decline with that reason; ``tok_issuer_slow`` answers after
+``IDEMPAY_ISSUER_SLOW_SECONDS`` (~2 s); ``tok_issuer_timeout`` does not answer the first
+call for an issuer key and answers the next; ``tok_issuer_down`` never answers.
+
+The simulator honours the issuer idempotency key: it records the authorization under that
+key the moment it receives the call, and any later call with the same key returns the
+recorded answer — a re-driven call never authorizes twice. Its record lives in the
+``issuer_authorization`` table: a co-located issuer enlists in the caller's transaction
+(``session=``) so its record commits or rolls back with the payment; called without a
+session it commits on its own, as a remote acquirer would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from api.db import atomic, insert_if_absent, utcnow
+from api.models import IssuerAuthorization
+
+SLOW_TOKENS = frozenset({"tok_issuer_slow", "tok_issuer_timeout", "tok_issuer_down"})
+DECLINES = {
+    "tok_decline_insufficient_funds": "insufficient_funds",
+    "tok_decline_do_not_honor": "do_not_honor",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationRequest:
+    issuer_key: str
+    card_token: str
+    amount: int
+    currency: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Authorization:
+    approved: bool
+    authorization_code: str | None
+    decline_reason: str | None
+
+
+class Issuer(Protocol):
+    def answers_inline(self, card_token: str) -> bool:
+        """True when the answer needs no waiting, so claim and finish may share one commit."""
+
+    async def authorize(
+        self, request: AuthorizationRequest, *, session: AsyncSession | None = None
+    ) -> Authorization:
+        """Authorize once per ``issuer_key``; repeated calls return the first answer."""
+
+    async def void(self, issuer_key: str, *, amount: int, currency: str) -> None:
+        """Cancel whatever was authorized under ``issuer_key`` (idempotent)."""
+
+
+def derive_issuer_key(secret: str, merchant_id: str, key: str) -> str:
+    """The downstream idempotency key: stable for (merchant, key), opaque to the issuer."""
+    message = f"{merchant_id}:{key}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:40]
+
+
+def _decide(issuer_key: str, card_token: str) -> Authorization:
+    reason = DECLINES.get(card_token)
+    if reason:
+        return Authorization(approved=False, authorization_code=None, decline_reason=reason)
+    digest = hashlib.sha256(issuer_key.encode()).hexdigest().upper()
+    return Authorization(approved=True, authorization_code=digest[:6], decline_reason=None)
+
+
+class SimulatedIssuer:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, slow_seconds: float) -> None:
+        self._sessions = sessions
+        self._slow_seconds = slow_seconds
+
+    def answers_inline(self, card_token: str) -> bool:
+        return card_token not in SLOW_TOKENS
+
+    async def authorize(
+        self, request: AuthorizationRequest, *, session: AsyncSession | None = None
+    ) -> Authorization:
+        if request.card_token == "tok_issuer_down":
+            await asyncio.Event().wait()  # never answers; the caller's timeout cancels us
+        if session is not None:
+            record, calls = await self._record(session, request)
+        else:
+            async with atomic(self._sessions) as own:
+                record, calls = await self._record(own, request)
+        if request.card_token == "tok_issuer_slow":
+            await asyncio.sleep(self._slow_seconds)
+        elif request.card_token == "tok_issuer_timeout" and calls == 1:
+            await asyncio.Event().wait()  # the first call for a key never answers
+        return record
+
+    async def _record(
+        self, session: AsyncSession, request: AuthorizationRequest
+    ) -> tuple[Authorization, int]:
+        decided = _decide(request.issuer_key, request.card_token)
+        inserted = await insert_if_absent(
+            session,
+            IssuerAuthorization,
+            {
+                "issuer_key": request.issuer_key,
+                "result": "approved" if decided.approved else "declined",
+                "decline_reason": decided.decline_reason,
+                "authorization_code": decided.authorization_code,
+                "amount": request.amount,
+                "currency": request.currency,
+                "calls": 1,
+                "created_at": utcnow(),
+            },
+        )
+        if inserted:
+            return decided, 1
+        row = (
+            await session.execute(
+                update(IssuerAuthorization)
+                .where(IssuerAuthorization.issuer_key == request.issuer_key)
+                .values(calls=IssuerAuthorization.calls + 1)
+                .returning(
+                    IssuerAuthorization.result,
+                    IssuerAuthorization.authorization_code,
+                    IssuerAuthorization.decline_reason,
+                    IssuerAuthorization.calls,
+                )
+            )
+        ).one()
+        answer = Authorization(
+            approved=row.result == "approved",
+            authorization_code=row.authorization_code,
+            decline_reason=row.decline_reason,
+        )
+        return answer, row.calls
+
+    async def void(self, issuer_key: str, *, amount: int, currency: str) -> None:
+        async with atomic(self._sessions) as session:
+            now = utcnow()
+            inserted = await insert_if_absent(
+                session,
+                IssuerAuthorization,
+                {
+                    "issuer_key": issuer_key,
+                    "result": "voided",
+                    "amount": amount,
+                    "currency": currency,
+                    "calls": 0,
+                    "created_at": now,
+                    "voided_at": now,
+                },
+            )
+            if not inserted:
+                await session.execute(
+                    update(IssuerAuthorization)
+                    .where(
+                        IssuerAuthorization.issuer_key == issuer_key,
+                        IssuerAuthorization.voided_at.is_(None),
+                    )
+                    .values(result="voided", voided_at=now)
+                )

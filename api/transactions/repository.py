@@ -1,0 +1,122 @@
+"""Transaction and ledger rows, and the transaction body the API returns."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.models import LedgerEntry, Transaction
+
+
+@dataclass(frozen=True, slots=True)
+class NewTransaction:
+    merchant_id: str
+    id: str
+    terminal_id: str
+    type: str
+    amount: int
+    currency: str
+    card_last4: str
+    card_brand: str
+    card_fingerprint: str
+    installments: int
+    status: str
+    decline_reason: str | None
+    authorization_code: str | None
+    captured_at: datetime | None
+    created_at: datetime
+    processed_at: datetime
+    metadata_json: str | None
+
+
+def iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def render(txn: NewTransaction | Any, *, status: str | None = None) -> str:
+    """The transaction body of SPEC §2, serialized once (replays return these bytes)."""
+    body = {
+        "id": txn.id,
+        "status": status or txn.status,
+        "decline_reason": txn.decline_reason,
+        "authorization_code": txn.authorization_code,
+        "terminal_id": txn.terminal_id,
+        "type": txn.type,
+        "amount": txn.amount,
+        "currency": txn.currency,
+        "card": {"last4": txn.card_last4, "brand": txn.card_brand},
+        "installments": txn.installments,
+        "created_at": iso(txn.created_at),
+        "processed_at": iso(txn.processed_at),
+        "reversed_at": iso(getattr(txn, "reversed_at", None)),
+    }
+    return json.dumps(body, separators=(",", ":"))
+
+
+def _ledger_amount(txn_type: str, amount: int) -> tuple[str, int]:
+    return ("refund", -amount) if txn_type == "refund" else ("charge", amount)
+
+
+async def insert_transaction(session: AsyncSession, txn: NewTransaction) -> None:
+    """The transaction row and, when approved, its one ledger entry."""
+    values = {name: getattr(txn, name) for name in NewTransaction.__slots__}
+    await session.execute(insert(Transaction).values(**values))
+    if txn.status == "approved":
+        kind, signed = _ledger_amount(txn.type, txn.amount)
+        await session.execute(
+            insert(LedgerEntry).values(
+                entry_id=str(uuid.uuid4()),
+                merchant_id=txn.merchant_id,
+                transaction_id=txn.id,
+                amount=signed,
+                currency=txn.currency,
+                kind=kind,
+                created_at=txn.processed_at,
+            )
+        )
+
+
+async def get(session: AsyncSession, merchant_id: str, txn_id: str) -> Transaction | None:
+    return (
+        await session.execute(
+            select(Transaction).where(
+                Transaction.merchant_id == merchant_id, Transaction.id == txn_id
+            )
+        )
+    ).scalar_one_or_none()
+
+
+async def reverse(session: AsyncSession, txn: Transaction, *, now: datetime) -> bool:
+    """Mark an approved transaction reversed and post the offsetting entry, exactly once."""
+    result = await session.execute(
+        update(Transaction)
+        .where(
+            Transaction.merchant_id == txn.merchant_id,
+            Transaction.id == txn.id,
+            Transaction.status == "approved",
+        )
+        .values(status="reversed", reversed_at=now)
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        return False
+    _, signed = _ledger_amount(txn.type, txn.amount)
+    await session.execute(
+        insert(LedgerEntry).values(
+            entry_id=str(uuid.uuid4()),
+            merchant_id=txn.merchant_id,
+            transaction_id=txn.id,
+            amount=-signed,
+            currency=txn.currency,
+            kind="reversal",
+            created_at=now,
+        )
+    )
+    return True

@@ -1,0 +1,134 @@
+"""Lookup, abort and reversal: how a terminal resolves a key it is in doubt about."""
+
+from __future__ import annotations
+
+from api.db import atomic, utcnow
+from api.errors import ApiError
+from api.idempotency import store
+from api.idempotency.store import KeyRecord
+from api.transactions import repository
+from api.transactions.outcome import Outcome, from_error, key_state_body
+from api.transactions.schemas import TransactionCreate
+from api.transactions.service import TransactionService
+
+NOT_FOUND = ApiError(404, "not_found", "Nothing was processed under this key.")
+ABORTED_DETAIL = "The key was fenced by an abort; it was not and will not be processed."
+
+
+async def _current_body(service: TransactionService, record: KeyRecord) -> bytes:
+    async with service.sessions() as session:
+        txn = await repository.get(session, record.merchant_id, record.key)
+    if txn is None:  # completed keys always have their transaction (one commit)
+        raise RuntimeError("completed key without transaction")
+    return repository.render(txn).encode()
+
+
+async def lookup(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+    record = await service.read(merchant_id, key)
+    if record is None:
+        return from_error(NOT_FOUND, event="not_found", idempotency_status="not_found")
+    terminal = record.terminal_id
+    if record.state == store.COMPLETED:
+        body = await _current_body(service, record)
+        return Outcome(200, body, "found", "processed", terminal_id=terminal)
+    if record.state == store.PROCESSING:
+        return service.processing(key, terminal, "processing")
+    if record.state == store.ABORTED:
+        error = ApiError(410, "transaction_aborted", ABORTED_DETAIL)
+        return from_error(error, event="fenced", idempotency_status="aborted", terminal_id=terminal)
+    body = (record.response_body or "").encode()
+    return Outcome(410, body, "fenced", "expired", problem=True, terminal_id=terminal)
+
+
+async def abort(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+    record = await service.read(merchant_id, key)
+    if record is None:
+        async with atomic(service.sessions) as session:
+            fenced = await store.fence(
+                session, merchant_id=merchant_id, key=key, state=store.ABORTED, now=utcnow()
+            )
+        if fenced:
+            return Outcome(200, key_state_body(key, "aborted"), "aborted", "aborted")
+        record = await service.read(merchant_id, key)
+        if record is None:
+            raise RuntimeError("fenced key vanished")
+    return await _abort_existing(service, record)
+
+
+async def _abort_existing(service: TransactionService, record: KeyRecord) -> Outcome:
+    key, terminal = record.key, record.terminal_id
+    if record.state == store.COMPLETED:
+        body = await _current_body(service, record)
+        return Outcome(200, body, "already_processed", "processed", terminal_id=terminal)
+    if record.state in (store.ABORTED, store.EXPIRED):
+        return Outcome(
+            200, key_state_body(key, record.state), "aborted", record.state, terminal_id=terminal
+        )
+    now = utcnow()
+    if not record.lease_live(now):
+        async with atomic(service.sessions) as session:
+            token = await store.take_over(
+                session, record, now=now, lease_s=service.settings.lease_seconds
+            )
+        if token is not None:
+            body = TransactionCreate.model_validate_json(record.request or "{}")
+            await service.issuer.void(
+                service.issuer_key(record.merchant_id, key),
+                amount=body.amount,
+                currency=body.currency,
+            )
+            async with atomic(service.sessions) as session:
+                await store.fence_owned(
+                    session, merchant_id=record.merchant_id, key=key, token=token, now=utcnow()
+                )
+            again = await service.read(record.merchant_id, key)
+            if again is not None and again.state != store.PROCESSING:
+                return await _abort_existing(service, again)
+    error = ApiError(
+        409,
+        "request_in_progress",
+        "The key is being processed right now; retry the abort after Retry-After.",
+        headers=service.retry_after(),
+    )
+    return from_error(
+        error, event="in_progress", idempotency_status="in_progress", terminal_id=terminal
+    )
+
+
+async def reverse(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+    record = await service.read(merchant_id, key)
+    if record is None:
+        return from_error(NOT_FOUND, event="rejected", idempotency_status="not_found")
+    terminal = record.terminal_id
+    if record.state == store.PROCESSING:
+        error = ApiError(
+            409,
+            "request_in_progress",
+            "The transaction is still being processed.",
+            headers=service.retry_after(),
+        )
+        return from_error(
+            error, event="rejected", idempotency_status="in_progress", terminal_id=terminal
+        )
+    if record.state != store.COMPLETED:
+        error = ApiError(422, "not_reversible", f"The key was {record.state}: nothing to reverse.")
+        return from_error(
+            error, event="rejected", idempotency_status=record.state, terminal_id=terminal
+        )
+    async with atomic(service.sessions) as session:
+        txn = await repository.get(session, merchant_id, key)
+        if txn is None:
+            raise RuntimeError("completed key without transaction")
+        if txn.status == "declined":
+            error = ApiError(422, "not_reversible", "A declined transaction cannot be reversed.")
+            return from_error(
+                error, event="rejected", idempotency_status="processed", terminal_id=terminal
+            )
+        reversed_now = await repository.reverse(session, txn, now=utcnow())
+    if reversed_now:
+        await service.issuer.void(
+            service.issuer_key(merchant_id, key), amount=txn.amount, currency=txn.currency
+        )
+    body = await _current_body(service, record)
+    event = "reversed" if reversed_now else "already_reversed"
+    return Outcome(200, body, event, "processed", terminal_id=terminal)

@@ -1,0 +1,179 @@
+"""``/v1/transactions``: create, lookup, abort, reversal (SPEC §2)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import structlog
+from fastapi import APIRouter, Header, Request
+from starlette.responses import Response
+
+from api.context import AppContext
+from api.db import utcnow
+from api.errors import PROBLEM_JSON, ApiError, problem_body
+from api.events.writer import Event
+from api.idempotency.keys import fingerprint, parse_key, parse_uuid
+from api.metrics import CONFLICTS, LATENCY, REPLAYS, REQUESTS
+from api.storage_errors import STORAGE_ERRORS
+from api.transactions import resolution
+from api.transactions.http import attempt_header, decode, network_header, read_body
+from api.transactions.openapi import CREATE_DOC, ID_DOC, responses
+from api.transactions.outcome import Outcome, from_error
+
+log = structlog.get_logger("idempay.http")
+router = APIRouter(prefix="/v1/transactions", tags=["transactions"])
+
+KeyHeader = Annotated[str | None, Header(alias="Idempotency-Key")]
+AttemptHeader = Annotated[str | None, Header(alias="Idempotency-Attempt")]
+NetworkHeader = Annotated[str | None, Header(alias="POS-Network")]
+
+
+class _Call:
+    """Per-request bookkeeping: who, which key, and the request event at the end."""
+
+    def __init__(self, request: Request, endpoint: str) -> None:
+        self.ctx: AppContext = request.app.state.ctx
+        self.endpoint = endpoint
+        self.started = time.perf_counter()
+        self.merchant_id: str | None = None
+        self.key: str | None = None
+        self.attempt = attempt_header(request) if endpoint == "create" else None
+        self.network = network_header(request)
+
+    async def run(self, work: Callable[[], Awaitable[Outcome]], reject_event: str) -> Response:
+        try:
+            outcome = await work()
+        except ApiError as error:
+            outcome = from_error(error, event=reject_event, idempotency_status="not_found")
+        except STORAGE_ERRORS as exc:
+            log.warning("storage_unavailable", endpoint=self.endpoint, error=type(exc).__name__)
+            outcome = _server_error(503, "service_unavailable", self)
+        except Exception:
+            log.exception("internal_error", endpoint=self.endpoint)
+            outcome = _server_error(500, "internal_error", self)
+        return self.respond(outcome)
+
+    def respond(self, outcome: Outcome) -> Response:
+        latency = time.perf_counter() - self.started
+        REQUESTS.labels(self.endpoint, outcome.event).inc()
+        LATENCY.labels(self.endpoint).observe(latency)
+        if outcome.event == "replayed":
+            REPLAYS.inc()
+        elif outcome.event in ("in_progress", "key_reused"):
+            CONFLICTS.inc()
+        if self.merchant_id is not None and self.key is not None and outcome.event:
+            self.ctx.events.record(
+                Event(
+                    ts=utcnow(),
+                    merchant_id=self.merchant_id,
+                    terminal_id=outcome.terminal_id,
+                    idempotency_key=self.key,
+                    endpoint=self.endpoint,
+                    outcome=outcome.event,
+                    http_status=outcome.status,
+                    attempt=self.attempt,
+                    network=self.network,
+                    latency_ms=round(latency * 1000, 3),
+                )
+            )
+        log.info(
+            "request",
+            endpoint=self.endpoint,
+            status=outcome.status,
+            outcome=outcome.event,
+            key=self.key,
+            merchant_id=self.merchant_id,
+            latency_ms=round(latency * 1000, 2),
+        )
+        headers = dict(outcome.headers)
+        if outcome.idempotency_status and self.endpoint != "reversal":
+            headers["Idempotency-Status"] = outcome.idempotency_status
+        media = PROBLEM_JSON if outcome.problem else "application/json"
+        return Response(outcome.body, outcome.status, headers=headers, media_type=media)
+
+
+def _server_error(status: int, code: str, call: _Call) -> Outcome:
+    detail = (
+        "Storage is unavailable; nothing was processed. Retry with the same key."
+        if status == 503
+        else "Internal error; nothing was stored under the key. Retry with the same key."
+    )
+    return Outcome(
+        status,
+        problem_body(status, code, detail),
+        "error" if call.endpoint == "create" else "",
+        "not_found",
+        {"Retry-After": str(call.ctx.settings.retry_after_seconds)},
+        problem=True,
+    )
+
+
+@router.post("", status_code=201, openapi_extra=CREATE_DOC, responses=responses("create"))
+async def create_transaction(
+    request: Request,
+    idempotency_key: KeyHeader = None,
+    idempotency_attempt: AttemptHeader = None,
+    pos_network: NetworkHeader = None,
+) -> Response:
+    call = _Call(request, "create")
+
+    async def work() -> Outcome:
+        ctx = call.ctx
+        call.merchant_id, key_hash = await ctx.auth.merchant_for(
+            request.headers.get("authorization")
+        )
+        await ctx.limiter.check(key_hash)
+        call.key = parse_key(idempotency_key)
+        body = decode(await read_body(request))
+        await ctx.limiter.check(key_hash, body.terminal_id)
+        digest = fingerprint(body.model_dump(mode="json"))
+        return await ctx.service.create(call.merchant_id, call.key, body, digest)
+
+    return await call.run(work, "rejected")
+
+
+def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:
+    async def handler(request: Request, transaction_id: str) -> Response:
+        call = _Call(request, endpoint)
+
+        async def work() -> Outcome:
+            ctx = call.ctx
+            merchant_id, key_hash = await ctx.auth.merchant_for(
+                request.headers.get("authorization")
+            )
+            await ctx.limiter.check(key_hash)
+            key = parse_uuid(transaction_id)
+            call.merchant_id, call.key = merchant_id, key
+            return await action(ctx.service, merchant_id, key)
+
+        return await call.run(work, "rejected" if endpoint == "reversal" else "")
+
+    return handler
+
+
+router.add_api_route(
+    "/{transaction_id}",
+    _by_id("lookup", resolution.lookup),
+    methods=["GET"],
+    openapi_extra=ID_DOC,
+    responses=responses("lookup"),
+    summary="Look up a key",
+)
+router.add_api_route(
+    "/{transaction_id}/abort",
+    _by_id("abort", resolution.abort),
+    methods=["POST"],
+    openapi_extra=ID_DOC,
+    responses=responses("abort"),
+    summary="Fence an in-doubt key",
+)
+router.add_api_route(
+    "/{transaction_id}/reversal",
+    _by_id("reversal", resolution.reverse),
+    methods=["POST"],
+    openapi_extra=ID_DOC,
+    responses=responses("reversal"),
+    summary="Reverse a transaction",
+)

@@ -1,0 +1,90 @@
+"""Request and response bodies of ``/v1/transactions`` (SPEC §2)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
+
+METADATA_MAX_BYTES = 4096
+
+TerminalId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$", examples=["T-0001"])]
+
+
+class CardIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token: Annotated[StrictStr, Field(pattern=r"^tok_[A-Za-z0-9_]{1,124}$")]
+    last4: Annotated[StrictStr, Field(pattern=r"^[0-9]{4}$")]
+    brand: Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+
+
+class TransactionCreate(BaseModel):
+    """The create body. Unknown fields are rejected; money is integer minor units."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    terminal_id: TerminalId
+    type: Literal["purchase", "refund"] = "purchase"
+    amount: Annotated[StrictInt, Field(ge=1, le=10**12)]
+    currency: Annotated[StrictStr, Field(pattern=r"^[A-Z]{3}$", examples=["BRL"])]
+    card: CardIn
+    installments: Annotated[StrictInt, Field(ge=1, le=24)] = 1
+    captured_at: AwareDatetime | None = None
+    expires_at: AwareDatetime | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_small(cls, value: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > METADATA_MAX_BYTES:
+            raise ValueError(f"metadata is {size} bytes serialized; the limit is 4096")
+        return value
+
+
+class CardOut(BaseModel):
+    last4: str
+    brand: str
+
+
+class TransactionOut(BaseModel):
+    id: str
+    status: Literal["approved", "declined", "reversed"]
+    decline_reason: str | None
+    authorization_code: str | None
+    terminal_id: str
+    type: Literal["purchase", "refund"]
+    amount: int
+    currency: str
+    card: CardOut
+    installments: int
+    created_at: datetime
+    processed_at: datetime
+    reversed_at: datetime | None
+
+
+class KeyStateOut(BaseModel):
+    """Body of 202 (processing) and of an abort that fenced the key."""
+
+    id: str
+    status: Literal["processing", "aborted", "expired"]
+
+
+class Problem(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    errors: list[dict[str, Any]] | None = None

@@ -1,0 +1,374 @@
+"""Create: the atomic phases (SPEC §2–3, DESIGN.md "Create").
+
+phase 1  claim the key (unique index)           ┐ one transaction when the issuer answers
+phase 2  authorize with the derived issuer key  │ inline (the simulator's instant tokens);
+phase 3  transaction + ledger + stored response ┘ otherwise three steps, no transaction
+                                                  open across the issuer call, and the final
+                                                  write guarded by the lease token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+from datetime import datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from api.config import Settings
+from api.db import atomic, utcnow
+from api.errors import ApiError
+from api.idempotency import store
+from api.idempotency.store import KeyRecord
+from api.transactions import repository
+from api.transactions.issuer import (
+    Authorization,
+    AuthorizationRequest,
+    Issuer,
+    derive_issuer_key,
+)
+from api.transactions.outcome import Outcome, from_error, key_state_body
+from api.transactions.schemas import TransactionCreate
+
+
+class TransactionService:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], issuer: Issuer, settings: Settings
+    ) -> None:
+        self.sessions = sessions
+        self.issuer = issuer
+        self.settings = settings
+        self.in_flight = 0
+
+    # ----------------------------------------------------------------- helpers
+    def retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.settings.retry_after_seconds)}
+
+    def issuer_key(self, merchant_id: str, key: str) -> str:
+        return derive_issuer_key(self.settings.secret_key, merchant_id, key)
+
+    def card_fingerprint(self, token: str) -> str:
+        return hmac.new(
+            self.settings.secret_key.encode(), token.encode(), hashlib.sha256
+        ).hexdigest()
+
+    async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
+        async with self.sessions() as session:
+            return await store.get(session, merchant_id, key)
+
+    def processing(self, key: str, terminal_id: str | None, event: str) -> Outcome:
+        return Outcome(
+            202,
+            key_state_body(key, "processing"),
+            event,
+            "in_progress",
+            self.retry_after(),
+            terminal_id=terminal_id,
+        )
+
+    # ------------------------------------------------------------------ create
+    async def create(
+        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str
+    ) -> Outcome:
+        record = await self.read(merchant_id, key)
+        if record is not None:
+            return await self.existing(record, fingerprint)
+        now = utcnow()
+        if self._too_late(body, now):
+            return await self._fence_expired(merchant_id, key, body, fingerprint, now)
+        request = body.model_dump_json()
+        if self.issuer.answers_inline(body.card.token):
+            return await self._create_inline(merchant_id, key, body, fingerprint, request, now)
+        async with atomic(self.sessions) as session:
+            claimed = await self._claim(session, merchant_id, key, body, fingerprint, request, now)
+        if not claimed:
+            return await self.existing(await self._must_read(merchant_id, key), fingerprint)
+        return await self.drive(merchant_id, key, body, token=1, created_at=now, event="created")
+
+    def _too_late(self, body: TransactionCreate, now: datetime) -> bool:
+        if body.expires_at is not None and body.expires_at <= now:
+            return True
+        window = timedelta(seconds=self.settings.tombstone_retention)
+        return body.captured_at is not None and body.captured_at < now - window
+
+    async def _claim(
+        self,
+        session: AsyncSession,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        request: str,
+        now: datetime,
+    ) -> bool:
+        return await store.claim(
+            session,
+            merchant_id=merchant_id,
+            key=key,
+            fingerprint=fingerprint,
+            request=request,
+            terminal_id=body.terminal_id,
+            now=now,
+            lease_s=self.settings.lease_seconds,
+            deadline_s=self.settings.issuer_deadline,
+        )
+
+    async def _must_read(self, merchant_id: str, key: str) -> KeyRecord:
+        record = await self.read(merchant_id, key)
+        if record is None:  # a key row is never deleted while a request can still use it
+            raise RuntimeError("claimed key vanished")
+        return record
+
+    async def _create_inline(
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        request: str,
+        now: datetime,
+    ) -> Outcome:
+        async with atomic(self.sessions) as session:
+            if await self._claim(session, merchant_id, key, body, fingerprint, request, now):
+                auth = await self.issuer.authorize(
+                    self._auth_request(merchant_id, key, body), session=session
+                )
+                text = await self._finish(session, merchant_id, key, body, auth, 1, now)
+                if text is None:  # cannot happen: we hold the only token in this transaction
+                    raise RuntimeError("lost the lease inside the claiming transaction")
+                return Outcome(
+                    201, text.encode(), "created", "created", terminal_id=body.terminal_id
+                )
+        return await self.existing(await self._must_read(merchant_id, key), fingerprint)
+
+    def _auth_request(
+        self, merchant_id: str, key: str, body: TransactionCreate
+    ) -> AuthorizationRequest:
+        return AuthorizationRequest(
+            issuer_key=self.issuer_key(merchant_id, key),
+            card_token=body.card.token,
+            amount=body.amount,
+            currency=body.currency,
+            type=body.type,
+        )
+
+    async def _finish(
+        self,
+        session: AsyncSession,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        auth: Authorization,
+        token: int,
+        created_at: datetime,
+    ) -> str | None:
+        """Phase 3: stored response, transaction and ledger, or nothing if the lease is gone."""
+        now = utcnow()
+        txn = repository.NewTransaction(
+            merchant_id=merchant_id,
+            id=key,
+            terminal_id=body.terminal_id,
+            type=body.type,
+            amount=body.amount,
+            currency=body.currency,
+            card_last4=body.card.last4,
+            card_brand=body.card.brand,
+            card_fingerprint=self.card_fingerprint(body.card.token),
+            installments=body.installments,
+            status="approved" if auth.approved else "declined",
+            decline_reason=auth.decline_reason,
+            authorization_code=auth.authorization_code,
+            captured_at=body.captured_at,
+            created_at=created_at,
+            processed_at=now,
+            metadata_json=json.dumps(body.metadata, separators=(",", ":"))
+            if body.metadata
+            else None,
+        )
+        text = repository.render(txn)
+        won = await store.complete(
+            session,
+            merchant_id=merchant_id,
+            key=key,
+            token=token,
+            now=now,
+            response_status=201,
+            response_body=text,
+        )
+        if not won:
+            return None
+        await repository.insert_transaction(session, txn)
+        return text
+
+    async def drive(
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        *,
+        token: int,
+        created_at: datetime,
+        event: str,
+    ) -> Outcome:
+        """Phases 2–3 for a key we own: call the issuer (no transaction open), then finish."""
+        self.in_flight += 1
+        try:
+            auth = await asyncio.wait_for(
+                self.issuer.authorize(self._auth_request(merchant_id, key, body)),
+                timeout=self.settings.issuer_timeout,
+            )
+        except TimeoutError:
+            await self._hand_over(merchant_id, key, token)
+            return self.processing(key, body.terminal_id, event)
+        except BaseException:
+            await self._hand_over(merchant_id, key, token)
+            raise
+        finally:
+            self.in_flight -= 1
+        async with atomic(self.sessions) as session:
+            text = await self._finish(session, merchant_id, key, body, auth, token, created_at)
+        if text is None:  # someone took the key over: answer with the winner's result
+            record = await self._must_read(merchant_id, key)
+            return await self.existing(record, record.fingerprint or "")
+        return Outcome(201, text.encode(), event, "created", terminal_id=body.terminal_id)
+
+    async def _hand_over(self, merchant_id: str, key: str, token: int) -> None:
+        """Expire our lease now so the completer (or a retry) re-drives the key."""
+        try:
+            async with atomic(self.sessions) as session:
+                await store.release(
+                    session, merchant_id=merchant_id, key=key, token=token, until=utcnow()
+                )
+        except Exception:  # storage down: the lease simply runs out on its own
+            return
+
+    async def _fence_expired(
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        now: datetime,
+    ) -> Outcome:
+        error = ApiError(
+            410,
+            "request_expired",
+            "The request arrived after its expires_at, or its captured_at is older than the "
+            "retention window; the key is fenced and will never be processed.",
+        )
+        outcome = from_error(
+            error, event="expired", idempotency_status="expired", terminal_id=body.terminal_id
+        )
+        async with atomic(self.sessions) as session:
+            fenced = await store.fence(
+                session,
+                merchant_id=merchant_id,
+                key=key,
+                state=store.EXPIRED,
+                now=now,
+                fingerprint=fingerprint,
+                terminal_id=body.terminal_id,
+                response_status=410,
+                response_body=outcome.body.decode(),
+            )
+        if fenced:
+            return outcome
+        return await self.existing(await self._must_read(merchant_id, key), fingerprint)
+
+    # ---------------------------------------------------------- existing keys
+    async def existing(self, record: KeyRecord, fingerprint: str) -> Outcome:
+        terminal = record.terminal_id
+        if record.state == store.ABORTED:
+            return from_error(
+                ApiError(
+                    410,
+                    "transaction_aborted",
+                    "The key was fenced by an abort; it was not and will not be processed.",
+                ),
+                event="aborted",
+                idempotency_status="aborted",
+                terminal_id=terminal,
+            )
+        if record.state == store.EXPIRED:
+            body = (record.response_body or "").encode()
+            return Outcome(410, body, "expired", "expired", problem=True, terminal_id=terminal)
+        if record.fingerprint != fingerprint:
+            status = "processed" if record.state == store.COMPLETED else "in_progress"
+            return from_error(
+                ApiError(
+                    422,
+                    "idempotency_key_reused",
+                    "This Idempotency-Key was used with a different request body.",
+                ),
+                event="key_reused",
+                idempotency_status=status,
+                terminal_id=terminal,
+            )
+        if record.state == store.COMPLETED:
+            return Outcome(
+                record.response_status or 201,
+                (record.response_body or "").encode(),
+                "replayed",
+                "replayed",
+                {"Idempotent-Replayed": "true"},
+                terminal_id=terminal,
+            )
+        now = utcnow()
+        if record.lease_live(now):
+            return from_error(
+                ApiError(
+                    409,
+                    "request_in_progress",
+                    "A request with this key is being processed; retry after Retry-After.",
+                    headers=self.retry_after(),
+                ),
+                event="in_progress",
+                idempotency_status="in_progress",
+                terminal_id=terminal,
+            )
+        return await self._recover_inline(record, now)
+
+    async def _recover_inline(self, record: KeyRecord, now: datetime) -> Outcome:
+        """A retry found a key whose owner vanished: take it over and re-drive it now."""
+        async with atomic(self.sessions) as session:
+            token = await store.take_over(
+                session, record, now=now, lease_s=self.settings.lease_seconds
+            )
+        if token is None:
+            return await self.existing(
+                await self._must_read(record.merchant_id, record.key), record.fingerprint or ""
+            )
+        if await self.settle(record, token, now) is None:
+            return await self.existing(
+                await self._must_read(record.merchant_id, record.key), record.fingerprint or ""
+            )
+        body = TransactionCreate.model_validate_json(record.request or "{}")
+        return await self.drive(
+            record.merchant_id,
+            record.key,
+            body,
+            token=token,
+            created_at=record.created_at,
+            event="created",
+        )
+
+    async def settle(self, record: KeyRecord, token: int, now: datetime) -> int | None:
+        """Past the issuer deadline, void the issuer call and fence the key as aborted.
+
+        Returns the token when the key is still ours to drive, None when it was settled.
+        """
+        if record.deadline_at is None or now < record.deadline_at:
+            return token
+        body = TransactionCreate.model_validate_json(record.request or "{}")
+        await self.issuer.void(
+            self.issuer_key(record.merchant_id, record.key),
+            amount=body.amount,
+            currency=body.currency,
+        )
+        async with atomic(self.sessions) as session:
+            await store.fence_owned(
+                session, merchant_id=record.merchant_id, key=record.key, token=token, now=utcnow()
+            )
+        return None
