@@ -60,9 +60,10 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """A definitive transaction (approved, declined or reversed)."""
+    """A definitive transaction (approved, declined or reversed); ``body`` as received."""
 
     transaction: Transaction
+    body: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,7 @@ def _fence(reply: HttpReply) -> Fence:
 
 def _finish_or(reply: HttpReply, fallback: Action) -> Action:
     try:
-        return Finish(Transaction.from_json(reply.body))
+        return Finish(Transaction.from_json(reply.body), reply.body)
     except ValueError:
         return fallback
 

@@ -1,0 +1,243 @@
+"""``Client`` and ``AsyncClient``: the same surface, differing only in how they run the
+protocol's effects (blocking calls vs awaits; journal writes go to a thread when async)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+import httpx
+
+from ._base_client import BaseClient, no_reply, reply_from, send_kwargs
+from ._calls import abort, lookup, reverse
+from ._effects import Reply, Send, Sleep, Steps
+from ._journal import Journal
+from ._models import Card, Fenced, Processing, Recovered, Transaction
+from ._protocol import recover_entry
+
+__all__ = ["AsyncClient", "Client"]
+
+_T = TypeVar("_T")
+CardLike = Card | Mapping[str, str]
+
+
+class Client(BaseClient):
+    """Blocking terminal client. One per process; thread-safe."""
+
+    def __init__(
+        self, base_url: str, api_key: str, *, terminal_id: str,
+        journal: str | os.PathLike[str] | Journal = "pos.db", network: str | None = None,
+        timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+        base_backoff: float = 0.1, max_backoff: float = 5.0, abort_grace_s: float = 15.0,
+        max_retries: int = 2, send_expires_at: bool = True, seed: int | None = None,
+        clock: Callable[[], float] | None = None, sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        super().__init__(
+            api_key, terminal_id=terminal_id, journal=journal, network=network,
+            timeout=timeout, base_backoff=base_backoff, max_backoff=max_backoff,
+            abort_grace_s=abort_grace_s, max_retries=max_retries,
+            send_expires_at=send_expires_at, seed=seed, clock=clock,
+        )
+        self._http = httpx.Client(base_url=base_url, transport=transport, timeout=timeout)
+        self._sleep = sleep or time.sleep
+
+    def purchase(
+        self, *, amount: int, currency: str, card: CardLike, deadline_s: float = 60.0,
+        installments: int | None = None, metadata: Mapping[str, Any] | None = None,
+        captured_at: datetime | None = None, reverse_late_approval: bool = False,
+    ) -> Transaction:
+        key, steps = self._payment(
+            "purchase", amount=amount, currency=currency, card=card, deadline_s=deadline_s,
+            installments=installments, metadata=metadata, captured_at=captured_at,
+            reverse_late_approval=reverse_late_approval,
+        )
+        return self._drive(key, steps)
+
+    def refund(
+        self, *, amount: int, currency: str, card: CardLike, deadline_s: float = 60.0,
+        installments: int | None = None, metadata: Mapping[str, Any] | None = None,
+        captured_at: datetime | None = None, reverse_late_approval: bool = False,
+    ) -> Transaction:
+        key, steps = self._payment(
+            "refund", amount=amount, currency=currency, card=card, deadline_s=deadline_s,
+            installments=installments, metadata=metadata, captured_at=captured_at,
+            reverse_late_approval=reverse_late_approval,
+        )
+        return self._drive(key, steps)
+
+    def lookup(self, id: str) -> Transaction | Processing:
+        return self._run(lookup(self._ctx, id, max_retries=self.max_retries))
+
+    def abort(self, id: str) -> Transaction | Fenced:
+        return self._run(abort(self._ctx, id, max_retries=self.max_retries))
+
+    def reverse(self, id: str) -> Transaction:
+        return self._run(reverse(self._ctx, id, max_retries=self.max_retries))
+
+    def recover(self) -> list[Recovered]:
+        """Resolve every unfinished journal entry not being driven right now."""
+        results = []
+        for entry in self.journal.unresolved():
+            if self._claim(entry.key):
+                try:
+                    results.append(self._run(recover_entry(self._ctx, entry)))
+                finally:
+                    self._release(entry.key)
+        return results
+
+    def close(self) -> None:
+        self._http.close()
+        self._close_journal()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _drive(self, key: str, steps: Steps[Transaction]) -> Transaction:
+        self._claim(key)
+        try:
+            return self._run(steps)
+        finally:
+            self._release(key)
+
+    def _run(self, steps: Steps[_T]) -> _T:
+        reply: object = None
+        while True:
+            try:
+                effect = steps.send(reply)
+            except StopIteration as done:
+                return cast(_T, done.value)
+            if isinstance(effect, Send):
+                reply = self._send(effect)
+            elif isinstance(effect, Sleep):
+                self._sleep(effect.seconds)
+                reply = None
+            else:
+                reply = self._write(effect)
+
+    def _send(self, effect: Send) -> Reply:
+        try:
+            response = self._http.request(effect.method, effect.path, **send_kwargs(effect))
+        except httpx.TransportError as exc:
+            return no_reply(exc)
+        return reply_from(response)
+
+
+class AsyncClient(BaseClient):
+    """Asyncio terminal client, same surface as ``Client``."""
+
+    def __init__(
+        self, base_url: str, api_key: str, *, terminal_id: str,
+        journal: str | os.PathLike[str] | Journal = "pos.db", network: str | None = None,
+        timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
+        base_backoff: float = 0.1, max_backoff: float = 5.0, abort_grace_s: float = 15.0,
+        max_retries: int = 2, send_expires_at: bool = True, seed: int | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(
+            api_key, terminal_id=terminal_id, journal=journal, network=network,
+            timeout=timeout, base_backoff=base_backoff, max_backoff=max_backoff,
+            abort_grace_s=abort_grace_s, max_retries=max_retries,
+            send_expires_at=send_expires_at, seed=seed, clock=clock,
+        )
+        self._http = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout)
+        self._sleep = sleep or asyncio.sleep
+
+    async def purchase(
+        self, *, amount: int, currency: str, card: CardLike, deadline_s: float = 60.0,
+        installments: int | None = None, metadata: Mapping[str, Any] | None = None,
+        captured_at: datetime | None = None, reverse_late_approval: bool = False,
+    ) -> Transaction:
+        key, steps = self._payment(
+            "purchase", amount=amount, currency=currency, card=card, deadline_s=deadline_s,
+            installments=installments, metadata=metadata, captured_at=captured_at,
+            reverse_late_approval=reverse_late_approval,
+        )
+        return await self._drive(key, steps)
+
+    async def refund(
+        self, *, amount: int, currency: str, card: CardLike, deadline_s: float = 60.0,
+        installments: int | None = None, metadata: Mapping[str, Any] | None = None,
+        captured_at: datetime | None = None, reverse_late_approval: bool = False,
+    ) -> Transaction:
+        key, steps = self._payment(
+            "refund", amount=amount, currency=currency, card=card, deadline_s=deadline_s,
+            installments=installments, metadata=metadata, captured_at=captured_at,
+            reverse_late_approval=reverse_late_approval,
+        )
+        return await self._drive(key, steps)
+
+    async def lookup(self, id: str) -> Transaction | Processing:
+        return await self._run(lookup(self._ctx, id, max_retries=self.max_retries))
+
+    async def abort(self, id: str) -> Transaction | Fenced:
+        return await self._run(abort(self._ctx, id, max_retries=self.max_retries))
+
+    async def reverse(self, id: str) -> Transaction:
+        return await self._run(reverse(self._ctx, id, max_retries=self.max_retries))
+
+    async def recover(self) -> list[Recovered]:
+        """Resolve every unfinished journal entry not being driven right now."""
+        results = []
+        for entry in await asyncio.to_thread(self.journal.unresolved):
+            if self._claim(entry.key):
+                try:
+                    results.append(await self._run(recover_entry(self._ctx, entry)))
+                finally:
+                    self._release(entry.key)
+        return results
+
+    async def close(self) -> None:
+        await self._http.aclose()
+        self._close_journal()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _drive(self, key: str, steps: Steps[Transaction]) -> Transaction:
+        self._claim(key)
+        try:
+            return await self._run(steps)
+        finally:
+            self._release(key)
+
+    async def _run(self, steps: Steps[_T]) -> _T:
+        reply: object = None
+        while True:
+            try:
+                effect = steps.send(reply)
+            except StopIteration as done:
+                return cast(_T, done.value)
+            if isinstance(effect, Send):
+                reply = await self._send(effect)
+            elif isinstance(effect, Sleep):
+                await self._sleep(effect.seconds)
+                reply = None
+            else:
+                reply = await asyncio.to_thread(self._write, effect)
+
+    async def _send(self, effect: Send) -> Reply:
+        try:
+            response = await self._http.request(
+                effect.method, effect.path, **send_kwargs(effect)
+            )
+        except httpx.TransportError as exc:
+            return no_reply(exc)
+        return reply_from(response)

@@ -1,0 +1,103 @@
+"""Building the create body once, before the key is journaled.
+
+The body is serialized exactly once; every attempt resends the journaled bytes, so the
+server's payload fingerprint can never differ between attempts of one key. A body that
+carries something that looks like a card number (12-19 digits passing Luhn, in any
+string, or in an integer inside ``metadata``) is refused locally so that a PAN is never
+written to the terminal's disk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from ._exceptions import PanNotAllowed
+from ._models import Card
+
+__all__ = ["build_body", "contains_pan", "iso_utc"]
+
+_CURRENCY = re.compile(r"[A-Z]{3}")
+_SEPARATORS = re.compile(r"[ -]")
+
+
+def iso_utc(moment: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z`` suffix, millisecond precision."""
+    if moment.tzinfo is None:
+        raise ValueError("datetimes must be timezone-aware")
+    text = moment.astimezone(UTC).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        value = int(char) * (2 if index % 2 else 1)
+        total += value - 9 if value > 9 else value
+    return total % 10 == 0
+
+
+def _looks_like_pan(text: str) -> bool:
+    digits = _SEPARATORS.sub("", text)
+    return digits.isdigit() and 12 <= len(digits) <= 19 and _luhn(digits)
+
+
+def contains_pan(value: object, *, check_ints: bool = False) -> bool:
+    """True when any string (or, with ``check_ints``, any integer) looks like a PAN."""
+    if isinstance(value, str):
+        return _looks_like_pan(value)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return check_ints and _looks_like_pan(str(value))
+    if isinstance(value, Mapping):
+        return any(
+            contains_pan(k, check_ints=check_ints) or contains_pan(v, check_ints=check_ints)
+            for k, v in value.items()
+        )
+    if isinstance(value, list | tuple):
+        return any(contains_pan(item, check_ints=check_ints) for item in value)
+    return False
+
+
+def build_body(
+    *,
+    terminal_id: str,
+    kind: Literal["purchase", "refund"],
+    amount: int,
+    currency: str,
+    card: Card,
+    installments: int | None,
+    metadata: Mapping[str, Any] | None,
+    captured_at: datetime,
+    expires_at: datetime | None,
+) -> str:
+    """The canonical JSON text of a create request."""
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
+        raise ValueError("amount must be a positive integer of minor units")
+    if not _CURRENCY.fullmatch(currency):
+        raise ValueError("currency must be an ISO 4217 code (3 upper-case letters)")
+    body: dict[str, Any] = {
+        "terminal_id": terminal_id,
+        "type": kind,
+        "amount": amount,
+        "currency": currency,
+        "card": card.to_json(),
+        "captured_at": iso_utc(captured_at),
+    }
+    if expires_at is not None:
+        body["expires_at"] = iso_utc(expires_at)
+    if installments is not None:
+        body["installments"] = installments
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    if contains_pan(body) or contains_pan(metadata, check_ints=True):
+        raise PanNotAllowed(
+            "pan_not_allowed: the request carries something that looks like a card number",
+            code="pan_not_allowed",
+            detail="card data must be tokenized; nothing was journaled or sent",
+        )
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,39 @@
+"""Shared fixtures: one private Postgres database per test run (dropped at the end), an
+embedded SQLite directory, and real idempay servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+import pytest
+
+from tests.support.backend import Backend
+from tests.support.services import create_database, drop_database, pg_url
+
+
+@pytest.fixture(scope="session")
+def pg_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    name = create_database()
+    backend = Backend("postgres", pg_url(name), tmp_path_factory.mktemp("pg"))
+    backend.migrate()
+    try:
+        yield backend
+    finally:
+        backend.stop_all()
+        drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def sqlite_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    backend = Backend("sqlite", None, tmp_path_factory.mktemp("sqlite"))
+    backend.migrate()
+    try:
+        yield backend
+    finally:
+        backend.stop_all()
+
+
+@pytest.fixture(scope="session", params=["postgres", "sqlite"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The contract suite runs on both storage backends."""
+    fixture = "pg_backend" if request.param == "postgres" else "sqlite_backend"
+    return request.getfixturevalue(fixture)  # type: ignore[no-any-return]
