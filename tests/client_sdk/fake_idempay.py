@@ -1,0 +1,212 @@
+"""An in-memory fake of the idempay API (SPEC §2) for ``httpx.MockTransport``.
+
+It stores outcomes by key like the real server, counts how often each key was processed,
+and can be told to misbehave per endpoint: ``fake.inject("create", "drop_response")``
+makes the next create be processed and its response lost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+API_KEY = "sk_test_fake"
+FAULTS = ("drop_request", "lost_in_network", "drop_response", "409", "429", "500", "503")
+
+
+@dataclass
+class Seen:
+    endpoint: str
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class KeyRecord:
+    state: str  # processed | processing | aborted | expired
+    fingerprint: str
+    transaction: dict[str, Any] | None = None
+    polls_left: int = 0
+
+
+@dataclass
+class FakeIdempay:
+    pending_polls: int = 0  # >0: creates answer 202 and complete after this many lookups
+    down: bool = False  # every request fails with a connect error
+    blackhole: bool = False  # every request is lost in the network (read timeout)
+    keys: dict[str, KeyRecord] = field(default_factory=dict)
+    seen: list[Seen] = field(default_factory=list)
+    processed: Counter[str] = field(default_factory=Counter)
+    faults: dict[str, deque[str]] = field(default_factory=dict)
+
+    def inject(self, endpoint: str, *modes: str) -> None:
+        assert all(mode in FAULTS for mode in modes), modes
+        self.faults.setdefault(endpoint, deque()).extend(modes)
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def calls(self, endpoint: str) -> list[Seen]:
+        return [s for s in self.seen if s.endpoint == endpoint]
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        endpoint = _endpoint(request)
+        if self.down:
+            raise httpx.ConnectError("fake: server unreachable", request=request)
+        if self.blackhole:
+            raise httpx.ReadTimeout("fake: lost in the network", request=request)
+        queue = self.faults.get(endpoint)
+        mode = queue.popleft() if queue else None
+        if mode == "drop_request":
+            raise httpx.ConnectError("fake: request dropped", request=request)
+        if mode == "lost_in_network":
+            raise httpx.ReadTimeout("fake: request lost on the way", request=request)
+        body = json.loads(request.content) if request.content else None
+        self.seen.append(Seen(endpoint, request.method, request.url.path,
+                              {k.lower(): v for k, v in request.headers.items()}, body))
+        if mode in ("409", "429", "500", "503"):
+            return _canned(int(mode))
+        response = self._serve(endpoint, request, body)
+        if mode == "drop_response":
+            raise httpx.ReadTimeout("fake: response lost", request=request)
+        return response
+
+    def _serve(self, endpoint: str, request: httpx.Request, body: Any) -> httpx.Response:
+        if request.headers.get("authorization") != f"Bearer {API_KEY}":
+            return _problem(401, "unauthorized")
+        if endpoint == "create":
+            return self._create(request, body)
+        key = request.url.path.split("/")[3]
+        record = self.keys.get(key)
+        if endpoint == "lookup":
+            return self._lookup(key, record)
+        if endpoint == "abort":
+            return self._abort(key, record)
+        return self._reversal(record)
+
+    def _create(self, request: httpx.Request, body: Any) -> httpx.Response:
+        key = request.headers.get("idempotency-key")
+        if key is None:
+            return _problem(400, "idempotency_key_missing")
+        fingerprint = json.dumps(body, sort_keys=True)
+        record = self.keys.get(key)
+        if record is not None:
+            if record.state in ("aborted", "expired"):
+                code = "transaction_aborted" if record.state == "aborted" else "request_expired"
+                return _problem(410, code, status_header=record.state)
+            if record.fingerprint != fingerprint:
+                return _problem(422, "idempotency_key_reused")
+            if record.state == "processing":
+                return _problem(409, "request_in_progress", retry_after="1")
+            assert record.transaction is not None
+            return _json(201, record.transaction, {"Idempotent-Replayed": "true",
+                                                   "Idempotency-Status": "replayed"})
+        if body.get("card", {}).get("token", "").isdigit():
+            return _problem(422, "pan_not_allowed")
+        record = KeyRecord("processing", fingerprint, _transaction(key, body))
+        self.keys[key] = record
+        if self.pending_polls:
+            record.polls_left = self.pending_polls
+            return _json(202, {"id": key, "status": "processing"}, {"Retry-After": "1"})
+        return _json(201, self._complete(key, record), {"Idempotency-Status": "created"})
+
+    def _complete(self, key: str, record: KeyRecord) -> dict[str, Any]:
+        record.state = "processed"
+        self.processed[key] += 1
+        assert record.transaction is not None
+        return record.transaction
+
+    def _lookup(self, key: str, record: KeyRecord | None) -> httpx.Response:
+        if record is None:
+            return _problem(404, "not_found", status_header="not_found")
+        if record.state in ("aborted", "expired"):
+            code = "transaction_aborted" if record.state == "aborted" else "request_expired"
+            return _problem(410, code, status_header=record.state)
+        if record.state == "processing":
+            record.polls_left -= 1
+            if record.polls_left > 0:
+                return _json(202, {"id": key, "status": "processing"}, {"Retry-After": "1"})
+            self._complete(key, record)
+        return _json(200, record.transaction)
+
+    def _abort(self, key: str, record: KeyRecord | None) -> httpx.Response:
+        if record is None:
+            self.keys[key] = KeyRecord("aborted", "")
+            return _json(200, {"id": key, "status": "aborted"}, {"Idempotency-Status": "aborted"})
+        if record.state == "processing":
+            return _problem(409, "request_in_progress", retry_after="1")
+        if record.state in ("aborted", "expired"):
+            return _json(200, {"id": key, "status": record.state})
+        return _json(200, record.transaction, {"Idempotency-Status": "processed"})
+
+    def _reversal(self, record: KeyRecord | None) -> httpx.Response:
+        if record is None or record.transaction is None or record.state != "processed":
+            return _problem(404, "not_found")
+        transaction = record.transaction
+        if transaction["status"] == "declined":
+            return _problem(422, "not_reversible")
+        if transaction["status"] == "approved":
+            transaction.update(status="reversed", reversed_at="2026-11-20T12:05:00Z")
+        return _json(200, transaction)
+
+
+def _endpoint(request: httpx.Request) -> str:
+    parts = request.url.path.strip("/").split("/")
+    if request.method == "POST" and len(parts) == 2:
+        return "create"
+    if request.method == "GET":
+        return "lookup"
+    return {"abort": "abort", "reversal": "reversal"}[parts[-1]]
+
+
+def _transaction(key: str, body: dict[str, Any]) -> dict[str, Any]:
+    token = body["card"]["token"]
+    declined = token.startswith("tok_decline_")
+    return {
+        "id": key,
+        "status": "declined" if declined else "approved",
+        "decline_reason": token.removeprefix("tok_decline_") if declined else None,
+        "authorization_code": None if declined else "A1B2C3",
+        "terminal_id": body["terminal_id"],
+        "type": body["type"],
+        "amount": body["amount"],
+        "currency": body["currency"],
+        "card": {"last4": body["card"]["last4"], "brand": body["card"]["brand"]},
+        "installments": body.get("installments", 1),
+        "created_at": "2026-11-20T12:00:00Z",
+        "processed_at": "2026-11-20T12:00:01Z",
+        "reversed_at": None,
+    }
+
+
+_REQUEST_IDS = iter(range(1, 10**9))
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+    all_headers = {"X-Request-Id": f"req_{next(_REQUEST_IDS)}", **(headers or {})}
+    return httpx.Response(status, json=body, headers=all_headers)
+
+
+def _problem(
+    status: int, code: str, *, retry_after: str | None = None, status_header: str | None = None
+) -> httpx.Response:
+    headers = {"Content-Type": "application/problem+json"}
+    if retry_after is not None:
+        headers["Retry-After"] = retry_after
+    if status_header is not None:
+        headers["Idempotency-Status"] = status_header
+    body = {"type": "about:blank", "title": code, "status": status, "detail": code, "code": code}
+    return _json(status, body, headers)
+
+
+def _canned(status: int) -> httpx.Response:
+    codes = {409: "request_in_progress", 429: "rate_limited", 503: "service_unavailable"}
+    if status in codes:
+        return _problem(status, codes[status], retry_after="2")
+    return httpx.Response(500, text="Internal Server Error")
