@@ -9,8 +9,8 @@ import secrets
 import time
 import uuid
 
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.db import atomic, utcnow
 from api.errors import ApiError
@@ -30,8 +30,8 @@ def hash_key(api_key: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
         self._cache: dict[str, tuple[str, float]] = {}
 
     async def merchant_for(self, authorization: str | None) -> tuple[str, str]:
@@ -45,9 +45,9 @@ class Authenticator:
         cached = self._cache.get(digest)
         if cached and cached[1] > time.monotonic():
             return cached[0], digest
-        async with self._sessions() as session:
+        async with self._engine.connect() as conn:
             row = (
-                await session.execute(
+                await conn.execute(
                     select(ApiKey.merchant_id, ApiKey.key_hash).where(
                         ApiKey.key_hash == digest, ApiKey.revoked_at.is_(None)
                     )
@@ -61,20 +61,21 @@ class Authenticator:
         return row.merchant_id, digest
 
 
-async def create_api_key(sessions: async_sessionmaker[AsyncSession], merchant: str) -> str:
+async def create_api_key(engine: AsyncEngine, merchant: str) -> str:
     """Create (or reuse) the merchant named ``merchant`` and a new API key for it."""
     api_key = "idp_" + secrets.token_urlsafe(32)
     now = utcnow()
-    async with atomic(sessions) as session:
+    async with atomic(engine) as conn:
         merchant_id = (
-            await session.execute(select(Merchant.id).where(Merchant.name == merchant))
+            await conn.execute(select(Merchant.id).where(Merchant.name == merchant))
         ).scalar_one_or_none()
         if merchant_id is None:
             merchant_id = "mer_" + uuid.uuid4().hex[:20]
-            session.add(Merchant(id=merchant_id, name=merchant, created_at=now))
-            await session.flush()
-        session.add(
-            ApiKey(
+            await conn.execute(
+                insert(Merchant).values(id=merchant_id, name=merchant, created_at=now)
+            )
+        await conn.execute(
+            insert(ApiKey).values(
                 id="key_" + uuid.uuid4().hex[:20],
                 merchant_id=merchant_id,
                 key_hash=hash_key(api_key),

@@ -60,7 +60,7 @@ def create_key(
 ) -> None:
     """Create an API key for a merchant; the key is the last line printed."""
     from api.auth import create_api_key
-    from api.db import create_engine, create_sessionmaker
+    from api.db import create_engine
     from api.migrate import migrate
 
     settings = Settings()
@@ -69,7 +69,7 @@ def create_key(
     async def run() -> str:
         engine = create_engine(settings)
         try:
-            return await create_api_key(create_sessionmaker(engine), merchant)
+            return await create_api_key(engine, merchant)
         finally:
             await engine.dispose()
 

@@ -58,7 +58,9 @@ class Settings(BaseSettings):
     event_batch_size: int = Field(default=500, ge=1, description="Request events per flush.")
     event_flush_interval: float = Field(default=0.2, gt=0, description="Event flush period (s).")
     event_queue_max: int = Field(default=100_000, ge=1, description="Bound of the event queue.")
-    db_pool_size: int = Field(default=20, ge=1, description="Postgres connection pool size.")
+    db_pool_size: int = Field(
+        default=30, ge=1, description="Postgres connections per worker process (no overflow)."
+    )
     db_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection.")
     log_level: str = Field(default="INFO", description="structlog level.")
     log_json: bool = Field(default=True, description="JSON logs (false: console renderer).")

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.auth import Authenticator
 from api.config import Settings
 from api.context import AppContext
-from api.db import create_engine, create_sessionmaker
+from api.db import create_engine
 from api.errors import ApiError, problem_response
 from api.events.writer import EventWriter
 from api.idempotency.completer import Completer
@@ -68,8 +68,7 @@ class RequestIdMiddleware:
 
 def build_context(settings: Settings) -> AppContext:
     engine = create_engine(settings)
-    sessions = create_sessionmaker(engine)
-    issuer = SimulatedIssuer(sessions, slow_seconds=settings.issuer_slow_seconds)
+    issuer = SimulatedIssuer(engine, slow_seconds=settings.issuer_slow_seconds)
     redis = None
     if settings.redis_url:
         import redis.asyncio as aioredis
@@ -80,15 +79,15 @@ def build_context(settings: Settings) -> AppContext:
     return AppContext(
         settings=settings,
         engine=engine,
-        service=TransactionService(sessions, issuer, settings),
-        auth=Authenticator(sessions),
+        service=TransactionService(engine, issuer, settings),
+        auth=Authenticator(engine),
         limiter=RateLimiter(
             per_key=settings.rate_limit,
             per_terminal=settings.rate_limit_terminal,
             redis_url=settings.redis_url,
         ),
         events=EventWriter(
-            sessions,
+            engine,
             batch_size=settings.event_batch_size,
             interval=settings.event_flush_interval,
             max_queue=settings.event_queue_max,

@@ -1,6 +1,6 @@
-"""Per-API-key (and per-terminal) rate limits with the ``limits`` library: moving window in
-memory, or in Redis when ``IDEMPAY_REDIS_URL`` is set. A Redis error lets the request
-through (the limit is advisory protection, never a correctness mechanism)."""
+"""Per-API-key (and per-terminal) rate limits with the ``limits`` library: a sliding-window
+counter (O(1) per hit) in memory, or in Redis when ``IDEMPAY_REDIS_URL`` is set. A Redis
+error lets the request through (the limit is protection, never a correctness mechanism)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import structlog
 from limits import RateLimitItem, parse
 from limits.aio.storage import MemoryStorage, Storage
-from limits.aio.strategies import MovingWindowRateLimiter
+from limits.aio.strategies import SlidingWindowCounterRateLimiter
 from limits.storage import storage_from_string
 
 from api.errors import ApiError
@@ -25,7 +25,7 @@ class RateLimiter:
             if redis_url
             else MemoryStorage()
         )
-        self._limiter = MovingWindowRateLimiter(storage)
+        self._limiter = SlidingWindowCounterRateLimiter(storage)
         self._per_key: RateLimitItem = parse(per_key)
         self._per_terminal: RateLimitItem = parse(per_terminal)
 

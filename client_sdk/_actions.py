@@ -105,7 +105,7 @@ _TRANSIENT = frozenset({409, 429})
 
 def fence_reason(code: str | None, marker: str | None) -> Literal["aborted", "expired"]:
     """``expired`` when the code, body status or Idempotency-Status says so."""
-    return "expired" if "expired" in (code, marker) else "aborted"
+    return "expired" if code == "request_expired" or marker == "expired" else "aborted"
 
 
 def _fence(reply: HttpReply) -> Fence:

@@ -117,8 +117,8 @@ def drive(
         remaining = entry.deadline - ctx.clock()
         if remaining < MIN_SEND_S and not free_pass:
             return (yield from _fence(run, cause=None))
+        timeout = ctx.timeout if free_pass else min(ctx.timeout, remaining)
         free_pass = False
-        timeout = min(ctx.timeout, max(remaining, MIN_SEND_S))
         if phase is Phase.CREATE:
             run.attempts += 1
             yield from run.record(JournalState.SENT, attempts=run.attempts)

@@ -51,7 +51,7 @@ _STAT_KEYS = ("connections", "requests", "passed", "drop_request", "drop_respons
 _INJECTABLE = frozenset({*MODES, "reset_before", "reset_after", "pass"})
 
 
-class _Unframeable(Exception):
+class _Unframeable(ValueError):
     """The request cannot be framed; tunnel the rest of the connection."""
 
 
@@ -138,12 +138,15 @@ async def _read_response(reader: asyncio.StreamReader, method: str) -> tuple[byt
         if head is None:
             raise ConnectionError("upstream closed without a response")
         status_line, headers = _headers(head)
-        status = int(status_line.split(" ")[1])
+        try:
+            status = int(status_line.split(" ")[1])
+        except (IndexError, ValueError) as exc:
+            raise _Unframeable(f"bad status line {status_line!r}") from exc
         data += head
-        if status >= 200 or status == 101:
+        if status >= 200:
             break
     keep_alive = "close" not in headers.get("connection", "").lower()
-    if method == "HEAD" or status in (204, 304) or status < 200:
+    if method == "HEAD" or status in (204, 304):
         return data, status, keep_alive
     if "transfer-encoding" in headers or "content-length" in headers:
         return data + await _read_body(reader, headers), status, keep_alive
@@ -163,9 +166,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         while data := await reader.read(65536):
             writer.write(data)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
     except OSError:
-        pass
-    finally:
         writer.close()
 
 
@@ -258,23 +261,25 @@ class ChaosProxy:
             self._stats[key] += 1
 
     def _decide(self, rng: random.Random, request_line: str) -> tuple[str, float | None]:
+        """Three draws per request, whatever is injected, so a seed replays exactly."""
         roll, pick, before = rng.random(), rng.random(), rng.random() < 0.5
-        mode = self._injected(request_line)
-        if mode is None:
-            mode, hold_s = "pass", self.hold_s
-            if roll < self.loss:
-                for name, weight in self._mix:
-                    pick -= weight
-                    if pick < 0:
-                        mode = name
-                        break
-                else:
-                    mode = "drop_response"
+        injected = self._injected(request_line)
+        if injected is not None:
+            mode, hold_s = injected
         else:
-            mode, hold_s = mode
+            mode, hold_s = self._draw(roll, pick), self.hold_s
         if mode == "reset":
             mode = "reset_before" if before else "reset_after"
         return mode, hold_s
+
+    def _draw(self, roll: float, pick: float) -> str:
+        if roll >= self.loss:
+            return "pass"
+        for name, weight in self._mix:
+            pick -= weight
+            if pick < 0:
+                return name
+        return "drop_response"
 
     def _injected(self, request_line: str) -> tuple[str, float | None] | None:
         with self._lock:
@@ -363,12 +368,16 @@ class ChaosProxy:
                       writer: asyncio.StreamWriter) -> None:
         self._count("tunnels")
         up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
-        up_writer.write(first)
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        try:
+            up_writer.write(first)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            up_writer.close()
 
 
 class ProxyThread:
-    """A ``ChaosProxy`` running in a background thread: ``.port``, ``.stats``, ``.stop()``."""
+    """A ``ChaosProxy`` running in a background thread, for sync code: ``.port``,
+    ``.stats``, ``.released``, ``.inject()`` / ``.hold_next()`` (thread-safe), ``.stop()``."""
 
     def __init__(self, proxy: ChaosProxy) -> None:
         self.proxy = proxy
@@ -389,6 +398,18 @@ class ProxyThread:
     @property
     def stats(self) -> dict[str, int]:
         return self.proxy.stats
+
+    @property
+    def released(self) -> list[Release]:
+        return list(self.proxy.released)
+
+    def inject(self, mode: str, *, count: int = 1, match: str | None = None,
+               hold_s: float | None = None) -> None:
+        self.proxy.inject(mode, count=count, match=match, hold_s=hold_s)
+
+    def hold_next(self, count: int = 1, *, seconds: float | None = None,
+                  match: str | None = None) -> None:
+        self.proxy.hold_next(count, seconds=seconds, match=match)
 
     def stop(self) -> None:
         if self._thread.is_alive():

@@ -4,6 +4,7 @@ embedded SQLite directory, and real idempay servers on 127.0.0.1."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+
 import pytest
 
 from tests.support.backend import Backend

@@ -15,7 +15,7 @@ from datetime import datetime
 
 import structlog
 from sqlalchemy import insert
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.db import atomic
 from api.metrics import EVENTS_DROPPED
@@ -41,13 +41,13 @@ class Event:
 class EventWriter:
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
+        engine: AsyncEngine,
         *,
         batch_size: int,
         interval: float,
         max_queue: int,
     ) -> None:
-        self._sessions = sessions
+        self._engine = engine
         self._batch_size = batch_size
         self._interval = interval
         self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=max_queue)
@@ -66,8 +66,8 @@ class EventWriter:
             return 0
         rows = [{"event_id": str(uuid.uuid4()), **asdict(event)} for event in batch]
         try:
-            async with atomic(self._sessions) as session:
-                await session.execute(insert(RequestEvent), rows)
+            async with atomic(self._engine) as conn:
+                await conn.execute(insert(RequestEvent), rows)
         except Exception as exc:  # storage down: put them back, try on the next tick
             log.warning("event_flush_failed", error=type(exc).__name__, events=len(rows))
             for event in batch:

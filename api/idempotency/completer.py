@@ -31,17 +31,17 @@ class Completer:
 
     async def run_once(self) -> int:
         now = utcnow()
-        async with self.service.sessions() as session:
-            records = await store.expired_leases(session, now=now, limit=self.batch)
+        async with self.service.engine.connect() as conn:
+            records = await store.expired_leases(conn, now=now, limit=self.batch)
         await asyncio.gather(*(self._recover(record) for record in records))
         return len(records)
 
     async def _recover(self, record: KeyRecord) -> None:
         async with self._limit:
             now = utcnow()
-            async with atomic(self.service.sessions) as session:
+            async with atomic(self.service.engine) as conn:
                 token = await store.take_over(
-                    session, record, now=now, lease_s=self.service.settings.lease_seconds
+                    conn, record, now=now, lease_s=self.service.settings.lease_seconds
                 )
             if token is None:
                 return

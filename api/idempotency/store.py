@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api.db import insert_if_absent
 from api.models import IdempotencyKey
@@ -62,13 +62,13 @@ def _where(merchant_id: str, key: str) -> tuple[object, ...]:
     return (IdempotencyKey.merchant_id == merchant_id, IdempotencyKey.key == key)
 
 
-async def get(session: AsyncSession, merchant_id: str, key: str) -> KeyRecord | None:
-    row = (await session.execute(select(*_COLUMNS).where(*_where(merchant_id, key)))).first()
+async def get(conn: AsyncConnection, merchant_id: str, key: str) -> KeyRecord | None:
+    row = (await conn.execute(select(*_COLUMNS).where(*_where(merchant_id, key)))).first()
     return KeyRecord(*row) if row else None
 
 
 async def claim(
-    session: AsyncSession,
+    conn: AsyncConnection,
     *,
     merchant_id: str,
     key: str,
@@ -81,7 +81,7 @@ async def claim(
 ) -> bool:
     """Insert the key as ``processing`` with lease token 1; False if the key exists."""
     return await insert_if_absent(
-        session,
+        conn,
         IdempotencyKey,
         {
             "merchant_id": merchant_id,
@@ -99,8 +99,37 @@ async def claim(
     )
 
 
+async def insert_completed(
+    conn: AsyncConnection,
+    *,
+    merchant_id: str,
+    key: str,
+    fingerprint: str,
+    terminal_id: str,
+    now: datetime,
+    response_body: str,
+) -> bool:
+    """Insert the key already completed (the one-transaction path); False if it exists."""
+    return await insert_if_absent(
+        conn,
+        IdempotencyKey,
+        {
+            "merchant_id": merchant_id,
+            "key": key,
+            "state": COMPLETED,
+            "fingerprint": fingerprint,
+            "lease_token": 1,
+            "terminal_id": terminal_id,
+            "response_status": 201,
+            "response_body": response_body,
+            "created_at": now,
+            "updated_at": now,
+        },
+    )
+
+
 async def fence(
-    session: AsyncSession,
+    conn: AsyncConnection,
     *,
     merchant_id: str,
     key: str,
@@ -113,7 +142,7 @@ async def fence(
 ) -> bool:
     """Insert a tombstone (``aborted``/``expired``); False if the key already exists."""
     return await insert_if_absent(
-        session,
+        conn,
         IdempotencyKey,
         {
             "merchant_id": merchant_id,
@@ -131,10 +160,10 @@ async def fence(
 
 
 async def take_over(
-    session: AsyncSession, record: KeyRecord, *, now: datetime, lease_s: float
+    conn: AsyncConnection, record: KeyRecord, *, now: datetime, lease_s: float
 ) -> int | None:
     """Claim an expired lease; the new token, or None if someone else got there first."""
-    result = await session.execute(
+    result = await conn.execute(
         update(IdempotencyKey)
         .where(
             *_where(record.merchant_id, record.key),
@@ -151,7 +180,7 @@ async def take_over(
 
 
 async def complete(
-    session: AsyncSession,
+    conn: AsyncConnection,
     *,
     merchant_id: str,
     key: str,
@@ -161,7 +190,7 @@ async def complete(
     response_body: str,
 ) -> bool:
     """The final write: only the holder of the current lease token may complete the key."""
-    result = await session.execute(
+    result = await conn.execute(
         update(IdempotencyKey)
         .where(
             *_where(merchant_id, key),
@@ -181,10 +210,10 @@ async def complete(
 
 
 async def fence_owned(
-    session: AsyncSession, *, merchant_id: str, key: str, token: int, now: datetime
+    conn: AsyncConnection, *, merchant_id: str, key: str, token: int, now: datetime
 ) -> bool:
     """Turn a key we own (by lease token) into an ``aborted`` tombstone."""
-    result = await session.execute(
+    result = await conn.execute(
         update(IdempotencyKey)
         .where(
             *_where(merchant_id, key),
@@ -197,10 +226,10 @@ async def fence_owned(
 
 
 async def release(
-    session: AsyncSession, *, merchant_id: str, key: str, token: int, until: datetime
+    conn: AsyncConnection, *, merchant_id: str, key: str, token: int, until: datetime
 ) -> None:
     """Hand a key we own to whoever comes next (the completer, a retry) at ``until``."""
-    await session.execute(
+    await conn.execute(
         update(IdempotencyKey)
         .where(
             *_where(merchant_id, key),
@@ -211,8 +240,8 @@ async def release(
     )
 
 
-async def expired_leases(session: AsyncSession, *, now: datetime, limit: int) -> list[KeyRecord]:
-    rows = await session.execute(
+async def expired_leases(conn: AsyncConnection, *, now: datetime, limit: int) -> list[KeyRecord]:
+    rows = await conn.execute(
         select(*_COLUMNS)
         .where(IdempotencyKey.state == PROCESSING, IdempotencyKey.lease_until < now)
         .order_by(IdempotencyKey.lease_until)

@@ -9,8 +9,8 @@ The simulator honours the issuer idempotency key: it records the authorization u
 key the moment it receives the call, and any later call with the same key returns the
 recorded answer — a re-driven call never authorizes twice. Its record lives in the
 ``issuer_authorization`` table: a co-located issuer enlists in the caller's transaction
-(``session=``) so its record commits or rolls back with the payment; called without a
-session it commits on its own, as a remote acquirer would.
+(``conn=``) so its record commits or rolls back with the payment; called without a
+connection it commits on its own, as a remote acquirer would.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy import update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api.db import atomic, insert_if_absent, utcnow
 from api.models import IssuerAuthorization
@@ -55,7 +55,7 @@ class Issuer(Protocol):
         """True when the answer needs no waiting, so claim and finish may share one commit."""
 
     async def authorize(
-        self, request: AuthorizationRequest, *, session: AsyncSession | None = None
+        self, request: AuthorizationRequest, *, conn: AsyncConnection | None = None
     ) -> Authorization:
         """Authorize once per ``issuer_key``; repeated calls return the first answer."""
 
@@ -78,22 +78,22 @@ def _decide(issuer_key: str, card_token: str) -> Authorization:
 
 
 class SimulatedIssuer:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, slow_seconds: float) -> None:
-        self._sessions = sessions
+    def __init__(self, engine: AsyncEngine, *, slow_seconds: float) -> None:
+        self._engine = engine
         self._slow_seconds = slow_seconds
 
     def answers_inline(self, card_token: str) -> bool:
         return card_token not in SLOW_TOKENS
 
     async def authorize(
-        self, request: AuthorizationRequest, *, session: AsyncSession | None = None
+        self, request: AuthorizationRequest, *, conn: AsyncConnection | None = None
     ) -> Authorization:
         if request.card_token == "tok_issuer_down":
             await asyncio.Event().wait()  # never answers; the caller's timeout cancels us
-        if session is not None:
-            record, calls = await self._record(session, request)
+        if conn is not None:
+            record, calls = await self._record(conn, request)
         else:
-            async with atomic(self._sessions) as own:
+            async with atomic(self._engine) as own:
                 record, calls = await self._record(own, request)
         if request.card_token == "tok_issuer_slow":
             await asyncio.sleep(self._slow_seconds)
@@ -102,11 +102,11 @@ class SimulatedIssuer:
         return record
 
     async def _record(
-        self, session: AsyncSession, request: AuthorizationRequest
+        self, conn: AsyncConnection, request: AuthorizationRequest
     ) -> tuple[Authorization, int]:
         decided = _decide(request.issuer_key, request.card_token)
         inserted = await insert_if_absent(
-            session,
+            conn,
             IssuerAuthorization,
             {
                 "issuer_key": request.issuer_key,
@@ -122,7 +122,7 @@ class SimulatedIssuer:
         if inserted:
             return decided, 1
         row = (
-            await session.execute(
+            await conn.execute(
                 update(IssuerAuthorization)
                 .where(IssuerAuthorization.issuer_key == request.issuer_key)
                 .values(calls=IssuerAuthorization.calls + 1)
@@ -142,10 +142,10 @@ class SimulatedIssuer:
         return answer, row.calls
 
     async def void(self, issuer_key: str, *, amount: int, currency: str) -> None:
-        async with atomic(self._sessions) as session:
+        async with atomic(self._engine) as conn:
             now = utcnow()
             inserted = await insert_if_absent(
-                session,
+                conn,
                 IssuerAuthorization,
                 {
                     "issuer_key": issuer_key,
@@ -158,7 +158,7 @@ class SimulatedIssuer:
                 },
             )
             if not inserted:
-                await session.execute(
+                await conn.execute(
                     update(IssuerAuthorization)
                     .where(
                         IssuerAuthorization.issuer_key == issuer_key,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import Row, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api.models import LedgerEntry, Transaction
 
@@ -65,13 +65,13 @@ def _ledger_amount(txn_type: str, amount: int) -> tuple[str, int]:
     return ("refund", -amount) if txn_type == "refund" else ("charge", amount)
 
 
-async def insert_transaction(session: AsyncSession, txn: NewTransaction) -> None:
+async def insert_transaction(conn: AsyncConnection, txn: NewTransaction) -> None:
     """The transaction row and, when approved, its one ledger entry."""
     values = {name: getattr(txn, name) for name in NewTransaction.__slots__}
-    await session.execute(insert(Transaction).values(**values))
+    await conn.execute(insert(Transaction).values(**values))
     if txn.status == "approved":
         kind, signed = _ledger_amount(txn.type, txn.amount)
-        await session.execute(
+        await conn.execute(
             insert(LedgerEntry).values(
                 entry_id=str(uuid.uuid4()),
                 merchant_id=txn.merchant_id,
@@ -84,19 +84,18 @@ async def insert_transaction(session: AsyncSession, txn: NewTransaction) -> None
         )
 
 
-async def get(session: AsyncSession, merchant_id: str, txn_id: str) -> Transaction | None:
+async def get(conn: AsyncConnection, merchant_id: str, txn_id: str) -> Row[Any] | None:
+    table = Transaction.__table__
     return (
-        await session.execute(
-            select(Transaction).where(
-                Transaction.merchant_id == merchant_id, Transaction.id == txn_id
-            )
+        await conn.execute(
+            select(table).where(table.c.merchant_id == merchant_id, table.c.id == txn_id)
         )
-    ).scalar_one_or_none()
+    ).first()
 
 
-async def reverse(session: AsyncSession, txn: Transaction, *, now: datetime) -> bool:
+async def reverse(conn: AsyncConnection, txn: Row[Any], *, now: datetime) -> bool:
     """Mark an approved transaction reversed and post the offsetting entry, exactly once."""
-    result = await session.execute(
+    result = await conn.execute(
         update(Transaction)
         .where(
             Transaction.merchant_id == txn.merchant_id,
@@ -108,7 +107,7 @@ async def reverse(session: AsyncSession, txn: Transaction, *, now: datetime) -> 
     if not result.rowcount:  # type: ignore[attr-defined]
         return False
     _, signed = _ledger_amount(txn.type, txn.amount)
-    await session.execute(
+    await conn.execute(
         insert(LedgerEntry).values(
             entry_id=str(uuid.uuid4()),
             merchant_id=txn.merchant_id,

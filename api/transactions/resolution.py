@@ -16,8 +16,8 @@ ABORTED_DETAIL = "The key was fenced by an abort; it was not and will not be pro
 
 
 async def _current_body(service: TransactionService, record: KeyRecord) -> bytes:
-    async with service.sessions() as session:
-        txn = await repository.get(session, record.merchant_id, record.key)
+    async with service.engine.connect() as conn:
+        txn = await repository.get(conn, record.merchant_id, record.key)
     if txn is None:  # completed keys always have their transaction (one commit)
         raise RuntimeError("completed key without transaction")
     return repository.render(txn).encode()
@@ -43,9 +43,9 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
 async def abort(service: TransactionService, merchant_id: str, key: str) -> Outcome:
     record = await service.read(merchant_id, key)
     if record is None:
-        async with atomic(service.sessions) as session:
+        async with atomic(service.engine) as conn:
             fenced = await store.fence(
-                session, merchant_id=merchant_id, key=key, state=store.ABORTED, now=utcnow()
+                conn, merchant_id=merchant_id, key=key, state=store.ABORTED, now=utcnow()
             )
         if fenced:
             return Outcome(200, key_state_body(key, "aborted"), "aborted", "aborted")
@@ -66,9 +66,9 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
         )
     now = utcnow()
     if not record.lease_live(now):
-        async with atomic(service.sessions) as session:
+        async with atomic(service.engine) as conn:
             token = await store.take_over(
-                session, record, now=now, lease_s=service.settings.lease_seconds
+                conn, record, now=now, lease_s=service.settings.lease_seconds
             )
         if token is not None:
             body = TransactionCreate.model_validate_json(record.request or "{}")
@@ -77,9 +77,9 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
                 amount=body.amount,
                 currency=body.currency,
             )
-            async with atomic(service.sessions) as session:
+            async with atomic(service.engine) as conn:
                 await store.fence_owned(
-                    session, merchant_id=record.merchant_id, key=key, token=token, now=utcnow()
+                    conn, merchant_id=record.merchant_id, key=key, token=token, now=utcnow()
                 )
             again = await service.read(record.merchant_id, key)
             if again is not None and again.state != store.PROCESSING:
@@ -115,8 +115,8 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
         return from_error(
             error, event="rejected", idempotency_status=record.state, terminal_id=terminal
         )
-    async with atomic(service.sessions) as session:
-        txn = await repository.get(session, merchant_id, key)
+    async with atomic(service.engine) as conn:
+        txn = await repository.get(conn, merchant_id, key)
         if txn is None:
             raise RuntimeError("completed key without transaction")
         if txn.status == "declined":
@@ -124,7 +124,7 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
             return from_error(
                 error, event="rejected", idempotency_status="processed", terminal_id=terminal
             )
-        reversed_now = await repository.reverse(session, txn, now=utcnow())
+        reversed_now = await repository.reverse(conn, txn, now=utcnow())
     if reversed_now:
         await service.issuer.void(
             service.issuer_key(merchant_id, key), amount=txn.amount, currency=txn.currency

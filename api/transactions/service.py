@@ -15,7 +15,7 @@ import hmac
 import json
 from datetime import datetime, timedelta
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api.config import Settings
 from api.db import atomic, utcnow
@@ -33,11 +33,13 @@ from api.transactions.outcome import Outcome, from_error, key_state_body
 from api.transactions.schemas import TransactionCreate
 
 
+class _KeyTaken(Exception):
+    """Another request inserted the key first: roll back and answer from its row."""
+
+
 class TransactionService:
-    def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], issuer: Issuer, settings: Settings
-    ) -> None:
-        self.sessions = sessions
+    def __init__(self, engine: AsyncEngine, issuer: Issuer, settings: Settings) -> None:
+        self.engine = engine
         self.issuer = issuer
         self.settings = settings
         self.in_flight = 0
@@ -55,8 +57,8 @@ class TransactionService:
         ).hexdigest()
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
-        async with self.sessions() as session:
-            return await store.get(session, merchant_id, key)
+        async with self.engine.connect() as conn:
+            return await store.get(conn, merchant_id, key)
 
     def processing(self, key: str, terminal_id: str | None, event: str) -> Outcome:
         return Outcome(
@@ -72,20 +74,31 @@ class TransactionService:
     async def create(
         self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str
     ) -> Outcome:
-        record = await self.read(merchant_id, key)
+        now = utcnow()
+        request = body.model_dump_json()
+        claimed = False
+        try:
+            async with atomic(self.engine) as conn:
+                record = await store.get(conn, merchant_id, key)
+                if record is None and not self._too_late(body, now):
+                    if self.issuer.answers_inline(body.card.token):
+                        return await self._process_inline(
+                            conn, merchant_id, key, body, fingerprint, now
+                        )
+                    claimed = await self._claim(
+                        conn, merchant_id, key, body, fingerprint, request, now
+                    )
+                    if not claimed:
+                        raise _KeyTaken
+        except _KeyTaken:  # a concurrent request won the key between our read and insert
+            record = await self._must_read(merchant_id, key)
+        if claimed:
+            return await self.drive(
+                merchant_id, key, body, token=1, created_at=now, event="created"
+            )
         if record is not None:
             return await self.existing(record, fingerprint)
-        now = utcnow()
-        if self._too_late(body, now):
-            return await self._fence_expired(merchant_id, key, body, fingerprint, now)
-        request = body.model_dump_json()
-        if self.issuer.answers_inline(body.card.token):
-            return await self._create_inline(merchant_id, key, body, fingerprint, request, now)
-        async with atomic(self.sessions) as session:
-            claimed = await self._claim(session, merchant_id, key, body, fingerprint, request, now)
-        if not claimed:
-            return await self.existing(await self._must_read(merchant_id, key), fingerprint)
-        return await self.drive(merchant_id, key, body, token=1, created_at=now, event="created")
+        return await self._fence_expired(merchant_id, key, body, fingerprint, now)
 
     def _too_late(self, body: TransactionCreate, now: datetime) -> bool:
         if body.expires_at is not None and body.expires_at <= now:
@@ -95,7 +108,7 @@ class TransactionService:
 
     async def _claim(
         self,
-        session: AsyncSession,
+        conn: AsyncConnection,
         merchant_id: str,
         key: str,
         body: TransactionCreate,
@@ -104,7 +117,7 @@ class TransactionService:
         now: datetime,
     ) -> bool:
         return await store.claim(
-            session,
+            conn,
             merchant_id=merchant_id,
             key=key,
             fingerprint=fingerprint,
@@ -121,27 +134,33 @@ class TransactionService:
             raise RuntimeError("claimed key vanished")
         return record
 
-    async def _create_inline(
+    async def _process_inline(
         self,
+        conn: AsyncConnection,
         merchant_id: str,
         key: str,
         body: TransactionCreate,
         fingerprint: str,
-        request: str,
         now: datetime,
     ) -> Outcome:
-        async with atomic(self.sessions) as session:
-            if await self._claim(session, merchant_id, key, body, fingerprint, request, now):
-                auth = await self.issuer.authorize(
-                    self._auth_request(merchant_id, key, body), session=session
-                )
-                text = await self._finish(session, merchant_id, key, body, auth, 1, now)
-                if text is None:  # cannot happen: we hold the only token in this transaction
-                    raise RuntimeError("lost the lease inside the claiming transaction")
-                return Outcome(
-                    201, text.encode(), "created", "created", terminal_id=body.terminal_id
-                )
-        return await self.existing(await self._must_read(merchant_id, key), fingerprint)
+        """Phases 1–3 in one transaction: the issuer enlists, the key is inserted already
+        completed, and a lost insert race rolls everything back (issuer record included)."""
+        auth = await self.issuer.authorize(self._auth_request(merchant_id, key, body), conn=conn)
+        txn = self._new_transaction(merchant_id, key, body, auth, created_at=now)
+        text = repository.render(txn)
+        inserted = await store.insert_completed(
+            conn,
+            merchant_id=merchant_id,
+            key=key,
+            fingerprint=fingerprint,
+            terminal_id=body.terminal_id,
+            now=now,
+            response_body=text,
+        )
+        if not inserted:
+            raise _KeyTaken
+        await repository.insert_transaction(conn, txn)
+        return Outcome(201, text.encode(), "created", "created", terminal_id=body.terminal_id)
 
     def _auth_request(
         self, merchant_id: str, key: str, body: TransactionCreate
@@ -154,19 +173,16 @@ class TransactionService:
             type=body.type,
         )
 
-    async def _finish(
+    def _new_transaction(
         self,
-        session: AsyncSession,
         merchant_id: str,
         key: str,
         body: TransactionCreate,
         auth: Authorization,
-        token: int,
+        *,
         created_at: datetime,
-    ) -> str | None:
-        """Phase 3: stored response, transaction and ledger, or nothing if the lease is gone."""
-        now = utcnow()
-        txn = repository.NewTransaction(
+    ) -> repository.NewTransaction:
+        return repository.NewTransaction(
             merchant_id=merchant_id,
             id=key,
             terminal_id=body.terminal_id,
@@ -182,24 +198,37 @@ class TransactionService:
             authorization_code=auth.authorization_code,
             captured_at=body.captured_at,
             created_at=created_at,
-            processed_at=now,
-            metadata_json=json.dumps(body.metadata, separators=(",", ":"))
-            if body.metadata
-            else None,
+            processed_at=utcnow(),
+            metadata_json=(
+                json.dumps(body.metadata, separators=(",", ":")) if body.metadata else None
+            ),
         )
+
+    async def _finish(
+        self,
+        conn: AsyncConnection,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        auth: Authorization,
+        token: int,
+        created_at: datetime,
+    ) -> str | None:
+        """Phase 3: stored response, transaction and ledger, or nothing if the lease is gone."""
+        txn = self._new_transaction(merchant_id, key, body, auth, created_at=created_at)
         text = repository.render(txn)
         won = await store.complete(
-            session,
+            conn,
             merchant_id=merchant_id,
             key=key,
             token=token,
-            now=now,
+            now=txn.processed_at,
             response_status=201,
             response_body=text,
         )
         if not won:
             return None
-        await repository.insert_transaction(session, txn)
+        await repository.insert_transaction(conn, txn)
         return text
 
     async def drive(
@@ -227,8 +256,8 @@ class TransactionService:
             raise
         finally:
             self.in_flight -= 1
-        async with atomic(self.sessions) as session:
-            text = await self._finish(session, merchant_id, key, body, auth, token, created_at)
+        async with atomic(self.engine) as conn:
+            text = await self._finish(conn, merchant_id, key, body, auth, token, created_at)
         if text is None:  # someone took the key over: answer with the winner's result
             record = await self._must_read(merchant_id, key)
             return await self.existing(record, record.fingerprint or "")
@@ -237,9 +266,9 @@ class TransactionService:
     async def _hand_over(self, merchant_id: str, key: str, token: int) -> None:
         """Expire our lease now so the completer (or a retry) re-drives the key."""
         try:
-            async with atomic(self.sessions) as session:
+            async with atomic(self.engine) as conn:
                 await store.release(
-                    session, merchant_id=merchant_id, key=key, token=token, until=utcnow()
+                    conn, merchant_id=merchant_id, key=key, token=token, until=utcnow()
                 )
         except Exception:  # storage down: the lease simply runs out on its own
             return
@@ -261,9 +290,9 @@ class TransactionService:
         outcome = from_error(
             error, event="expired", idempotency_status="expired", terminal_id=body.terminal_id
         )
-        async with atomic(self.sessions) as session:
+        async with atomic(self.engine) as conn:
             fenced = await store.fence(
-                session,
+                conn,
                 merchant_id=merchant_id,
                 key=key,
                 state=store.EXPIRED,
@@ -332,9 +361,9 @@ class TransactionService:
 
     async def _recover_inline(self, record: KeyRecord, now: datetime) -> Outcome:
         """A retry found a key whose owner vanished: take it over and re-drive it now."""
-        async with atomic(self.sessions) as session:
+        async with atomic(self.engine) as conn:
             token = await store.take_over(
-                session, record, now=now, lease_s=self.settings.lease_seconds
+                conn, record, now=now, lease_s=self.settings.lease_seconds
             )
         if token is None:
             return await self.existing(
@@ -367,8 +396,8 @@ class TransactionService:
             amount=body.amount,
             currency=body.currency,
         )
-        async with atomic(self.sessions) as session:
+        async with atomic(self.engine) as conn:
             await store.fence_owned(
-                session, merchant_id=record.merchant_id, key=record.key, token=token, now=utcnow()
+                conn, merchant_id=record.merchant_id, key=record.key, token=token, now=utcnow()
             )
         return None

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 API_KEY = "sk_test_fake"
-FAULTS = ("drop_request", "lost_in_network", "drop_response", "409", "429", "500", "503")
+CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
+FAULTS = ("drop_request", "lost_in_network", "drop_response", "expire", "409", "429", "500", "503")
 
 
 @dataclass
@@ -41,7 +42,8 @@ class FakeIdempay:
     down: bool = False  # every request fails with a connect error
     blackhole: bool = False  # every request is lost in the network (read timeout)
     keys: dict[str, KeyRecord] = field(default_factory=dict)
-    seen: list[Seen] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)  # what reached the server
+    wire: list[Seen] = field(default_factory=list)  # what the client sent, lost or not
     processed: Counter[str] = field(default_factory=Counter)
     faults: dict[str, deque[str]] = field(default_factory=dict)
 
@@ -57,6 +59,15 @@ class FakeIdempay:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         endpoint = _endpoint(request)
+        body = json.loads(request.content) if request.content else None
+        call = Seen(
+            endpoint,
+            request.method,
+            request.url.path,
+            {k.lower(): v for k, v in request.headers.items()},
+            body,
+        )
+        self.wire.append(call)
         if self.down:
             raise httpx.ConnectError("fake: server unreachable", request=request)
         if self.blackhole:
@@ -68,8 +79,18 @@ class FakeIdempay:
         if mode == "lost_in_network":
             raise httpx.ReadTimeout("fake: request lost on the way", request=request)
         body = json.loads(request.content) if request.content else None
-        self.seen.append(Seen(endpoint, request.method, request.url.path,
-                              {k.lower(): v for k, v in request.headers.items()}, body))
+        self.seen.append(
+            Seen(
+                endpoint,
+                request.method,
+                request.url.path,
+                {k.lower(): v for k, v in request.headers.items()},
+                body,
+            )
+        )
+        if mode == "expire":  # expires_at had passed on arrival: the key is fenced
+            self.keys[request.headers["idempotency-key"]] = KeyRecord("expired", "")
+            return _problem(410, "request_expired", status_header="expired")
         if mode in ("409", "429", "500", "503"):
             return _canned(int(mode))
         response = self._serve(endpoint, request, body)
@@ -105,8 +126,11 @@ class FakeIdempay:
             if record.state == "processing":
                 return _problem(409, "request_in_progress", retry_after="1")
             assert record.transaction is not None
-            return _json(201, record.transaction, {"Idempotent-Replayed": "true",
-                                                   "Idempotency-Status": "replayed"})
+            return _json(
+                201,
+                record.transaction,
+                {"Idempotent-Replayed": "true", "Idempotency-Status": "replayed"},
+            )
         if body.get("card", {}).get("token", "").isdigit():
             return _problem(422, "pan_not_allowed")
         record = KeyRecord("processing", fingerprint, _transaction(key, body))
@@ -210,3 +234,22 @@ def _canned(status: int) -> httpx.Response:
     if status in codes:
         return _problem(status, codes[status], retry_after="2")
     return httpx.Response(500, text="Internal Server Error")
+
+
+class FakeClock:
+    """Wall clock under test control: sleeping advances it instantly."""
+
+    def __init__(self, start: float = 1_795_000_000.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.sleep(seconds)

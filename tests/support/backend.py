@@ -13,7 +13,7 @@ from sqlalchemy.pool import NullPool
 
 from api.auth import create_api_key
 from api.config import Settings
-from api.db import create_engine, create_sessionmaker
+from api.db import create_engine
 from api.migrate import migrate
 from tests.support.services import Server
 
@@ -66,7 +66,7 @@ class Backend:
         async def run() -> str:
             engine = create_engine(self.settings)
             try:
-                return await create_api_key(create_sessionmaker(engine), merchant)
+                return await create_api_key(engine, merchant)
             finally:
                 await engine.dispose()
 

@@ -67,9 +67,20 @@ class Server:
     def start(self, *, timeout: float = 30.0) -> Server:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api", "serve", "--port", str(self.port),
-             "--workers", str(self.workers)],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "api",
+                "serve",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(self.workers),
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout

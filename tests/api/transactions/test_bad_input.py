@@ -36,17 +36,28 @@ def test_missing_idempotency_key_is_400(deployment: Deployment) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    ["abc", "1234", "{6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d10}", "6f1c4a528d1e4c1e9a632b4f0c6e9d10",
-     "urn:uuid:6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d10", "6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d1g",
-     '"6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d10', "6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d10 x"],
+    [
+        "abc",
+        "1234",
+        "{6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d10}",
+        "6f1c4a528d1e4c1e9a632b4f0c6e9d10",
+        "urn:uuid:6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d10",
+        "6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d1g",
+        '"6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d10',
+        "6f1c4a52-8d1e-4c1e-9a63-2b4f0c6e9d10 x",
+    ],
 )
 def test_non_uuid_idempotency_key_is_400(deployment: Deployment, raw: str) -> None:
     assert_problem(deployment.a.create(raw), 400, "idempotency_key_invalid")
 
 
-@pytest.mark.parametrize("authorization", [None, "", "Bearer", "Bearer nope", "Basic abc",
-                                           "bearer idp_x", "Bearer " + "x" * 500])
-def test_missing_or_unknown_api_key_is_401(deployment: Deployment, authorization: str | None) -> None:
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "", "Bearer", "Bearer nope", "Basic abc", "bearer idp_x", "Bearer " + "x" * 500],
+)
+def test_missing_or_unknown_api_key_is_401(
+    deployment: Deployment, authorization: str | None
+) -> None:
     key = new_key()
     headers = {"Idempotency-Key": key}
     if authorization is not None:
@@ -70,17 +81,22 @@ def test_body_over_16_kib_is_413(deployment: Deployment) -> None:
     def chunks() -> Any:
         for _ in range(20):
             yield b" " * 1024  # no Content-Length: chunked transfer
+
     with deployment.a.client() as client:
-        chunked = client.post("/v1/transactions", content=chunks(),
-                              headers={**deployment.a.headers(key), "Content-Type": "application/json"})
+        chunked = client.post(
+            "/v1/transactions",
+            content=chunks(),
+            headers={**deployment.a.headers(key), "Content-Type": "application/json"},
+        )
     assert_problem(chunked, 413, "payload_too_large")
     _no_trace(deployment, key)
 
 
 INVALID_BODIES: dict[str, Any] = {
     "unknown field": body(surprise=1),
-    "unknown card field": body(card={"token": "tok_visa", "last4": "4242", "brand": "visa",
-                                     "cvv": "123"}),
+    "unknown card field": body(
+        card={"token": "tok_visa", "last4": "4242", "brand": "visa", "cvv": "123"}
+    ),
     "amount zero": body(amount=0),
     "amount negative": body(amount=-5),
     "amount too big": body(amount=10**12 + 1),
@@ -123,8 +139,17 @@ def test_invalid_body_is_422_validation_error(deployment: Deployment, case: str)
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"{", b"{'a': 1}", b'{"amount": NaN}', b'{"amount": Infinity}', b"\xff\xfe",
-     b"[" * 5000 + b"]" * 5000, b'{"amount": 1' + b"0" * 5000 + b"}", b'{"a":1} trailing'],
+    [
+        b"",
+        b"{",
+        b"{'a': 1}",
+        b'{"amount": NaN}',
+        b'{"amount": Infinity}',
+        b"\xff\xfe",
+        b"[" * 5000 + b"]" * 5000,
+        b'{"amount": 1' + b"0" * 5000 + b"}",
+        b'{"a":1} trailing',
+    ],
 )
 def test_malformed_json_is_422(deployment: Deployment, raw: bytes) -> None:
     key = new_key()

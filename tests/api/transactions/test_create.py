@@ -113,7 +113,7 @@ def test_concurrent_duplicate_gets_409_while_in_progress(deployment: Deployment)
     problem = assert_problem(duplicate, 409, "request_in_progress")
     assert duplicate.headers["retry-after"].isdigit()
     assert duplicate.headers["idempotency-status"] == "in_progress"
-    assert "request_in_progress" == problem["code"]
+    assert problem["code"] == "request_in_progress"
     thread.join()
     assert results[0].status_code == 201
     assert deployment.count("ledger_entry", transaction_id=key) == 1
@@ -199,20 +199,25 @@ def test_same_key_different_payload_is_422_and_changes_nothing(deployment: Deplo
 
 def test_attempt_and_network_are_recorded_in_request_events(deployment: Deployment) -> None:
     key = new_key()
-    deployment.a.create(key, body(terminal_id="T-EVT"), **{"Idempotency-Attempt": "1",
-                                                            "POS-Network": "gprs"})
-    deployment.a.create(key, body(terminal_id="T-EVT"), **{"Idempotency-Attempt": "2",
-                                                            "POS-Network": "gprs"})
+    deployment.a.create(
+        key, body(terminal_id="T-EVT"), **{"Idempotency-Attempt": "1", "POS-Network": "gprs"}
+    )
+    deployment.a.create(
+        key, body(terminal_id="T-EVT"), **{"Idempotency-Attempt": "2", "POS-Network": "gprs"}
+    )
     deployment.a.lookup(key)
     rows = _wait_for(
         lambda: (
-            r := deployment.backend.sql(
-                "SELECT endpoint, outcome, http_status, attempt, network, terminal_id "
-                "FROM request_event WHERE idempotency_key = :k ORDER BY ts", k=key
+            (
+                r := deployment.backend.sql(
+                    "SELECT endpoint, outcome, http_status, attempt, network, terminal_id "
+                    "FROM request_event WHERE idempotency_key = :k ORDER BY ts",
+                    k=key,
+                )
             )
+            and len(r) == 3
+            and r
         )
-        and len(r) == 3
-        and r
     )
     assert [tuple(row) for row in rows] == [
         ("create", "created", 201, 1, "gprs", "T-EVT"),

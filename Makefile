@@ -1,0 +1,35 @@
+# idempay — the README's commands. Each target does its own set-up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: demo test lint bench services clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -U pip
+	$(BIN)/python -m pip install -q -e '.[api,sdk,analytics,loadtest,dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+services:
+	./scripts/services.sh
+
+demo: $(STAMP)
+	$(BIN)/idempay demo
+
+test: $(STAMP) services
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP) services
+	$(BIN)/python -m loadtest.bench
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

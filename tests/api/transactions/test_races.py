@@ -1,0 +1,135 @@
+"""SPEC §3.1–3.2: concurrent duplicates never both execute; abort vs create has one winner.
+
+Every request goes over its own pooled HTTP connection to a real server, and every winner
+commits for real; the database is then checked row by row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from tests.api.conftest import Deployment
+from tests.support.client import body
+
+KEYS = 200
+DUPLICATES = 20
+
+
+@dataclass(frozen=True)
+class Answer:
+    status_code: int
+    headers: dict[str, str]
+    content: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+async def _fire(deployment: Deployment, calls: list[tuple[str, str]]) -> list[Answer]:
+    """All calls at once over up to 100 connections (aiohttp: httpx's pool is the bottleneck
+    at this concurrency)."""
+    connector = aiohttp.TCPConnector(limit=100)
+    headers = {"Authorization": f"Bearer {deployment.a.api_key}"}
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(
+        deployment.a.base_url, connector=connector, headers=headers, timeout=timeout
+    ) as client:
+
+        async def one(kind: str, key: str) -> Answer:
+            if kind == "create":
+                request = client.post(
+                    "/v1/transactions",
+                    json=body(terminal_id="T-RACE", amount=500),
+                    headers={"Idempotency-Key": key},
+                )
+            else:
+                request = client.post(f"/v1/transactions/{key}/abort")
+            async with request as response:
+                content = await response.read()
+                lowered = {k.lower(): v for k, v in response.headers.items()}
+                return Answer(response.status, lowered, content)
+
+        return await asyncio.gather(*(one(kind, key) for kind, key in calls))
+
+
+def _charges_per_key(deployment: Deployment, keys: list[str]) -> Counter[str]:
+    rows = deployment.backend.sql(
+        "SELECT transaction_id FROM ledger_entry WHERE kind = 'charge' "
+        "AND transaction_id IN (SELECT id FROM \"transaction\" WHERE terminal_id = 'T-RACE')"
+    )
+    wanted = set(keys)
+    return Counter(row[0] for row in rows if row[0] in wanted)
+
+
+def test_concurrent_identical_creates_execute_exactly_once(deployment: Deployment) -> None:
+    keys = [str(uuid.uuid4()) for _ in range(KEYS)]
+    calls = [("create", key) for key in keys for _ in range(DUPLICATES)]
+    random.Random(7).shuffle(calls)
+    responses = asyncio.run(_fire(deployment, calls))
+
+    by_key: dict[str, list[Answer]] = {}
+    for (_, key), response in zip(calls, responses, strict=True):
+        by_key.setdefault(key, []).append(response)
+    for key, answers in by_key.items():
+        created = [r for r in answers if r.headers.get("idempotency-status") == "created"]
+        assert len(created) == 1, (key, [r.status_code for r in answers])
+        for other in answers:
+            if other is created[0]:
+                continue
+            if other.status_code == 409:
+                assert other.json()["code"] == "request_in_progress"
+            else:
+                assert other.status_code == 201
+                assert other.headers["idempotent-replayed"] == "true"
+                assert other.content == created[0].content
+    charges = _charges_per_key(deployment, keys)
+    assert set(charges) == set(keys)
+    assert set(charges.values()) == {1}
+    transactions = deployment.backend.sql(
+        "SELECT count(*) FROM \"transaction\" WHERE terminal_id = 'T-RACE'"
+    )[0][0]
+    assert transactions >= KEYS
+
+
+def test_abort_racing_create_has_exactly_one_winner(deployment: Deployment) -> None:
+    keys = [str(uuid.uuid4()) for _ in range(KEYS)]
+    calls = [(kind, key) for key in keys for kind in ["create", "abort"] * (DUPLICATES // 2)]
+    random.Random(11).shuffle(calls)
+    responses = asyncio.run(_fire(deployment, calls))
+    assert all(r.status_code < 500 for r in responses)
+
+    states = dict(
+        (row[0], row[1])
+        for row in deployment.backend.sql(
+            "SELECT key, state FROM idempotency_key WHERE merchant_id = "
+            "(SELECT merchant_id FROM api_key WHERE key_hash = :h)",
+            h=hashlib.sha256(deployment.a.api_key.encode()).hexdigest(),
+        )
+    )
+    charges = _charges_per_key(deployment, keys)
+    with_txn = {
+        row[0]
+        for row in deployment.backend.sql(
+            "SELECT id FROM \"transaction\" WHERE terminal_id = 'T-RACE'"
+        )
+    }
+    for key in keys:
+        assert states[key] in ("completed", "aborted")
+        has_txn = key in with_txn
+        assert has_txn == (states[key] == "completed"), key
+        assert charges.get(key, 0) == (1 if has_txn else 0)
+    for (kind, key), response in zip(calls, responses, strict=True):
+        if kind == "abort" and response.status_code == 200:
+            expected = "aborted" if states[key] == "aborted" else "approved"
+            assert response.json()["status"] == expected
+        if kind == "create" and states[key] == "aborted":
+            assert response.status_code in (409, 410)

@@ -1,0 +1,112 @@
+"""Every problem ``code`` of SPEC §2 maps to its own typed error (client_sdk/_exceptions.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import client_sdk
+from client_sdk import (
+    APIError,
+    IdempayError,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    NotFound,
+    NotReversible,
+    PanNotAllowed,
+    PayloadTooLarge,
+    RateLimited,
+    RequestExpired,
+    RequestInProgress,
+    ServerError,
+    ServiceUnavailable,
+    TransactionAborted,
+    Unauthorized,
+    ValidationFailed,
+)
+from client_sdk._exceptions import error_from_response
+
+SPEC_CODES = [
+    (400, "idempotency_key_missing", IdempotencyKeyMissing),
+    (400, "idempotency_key_invalid", IdempotencyKeyInvalid),
+    (401, "unauthorized", Unauthorized),
+    (404, "not_found", NotFound),
+    (409, "request_in_progress", RequestInProgress),
+    (410, "transaction_aborted", TransactionAborted),
+    (410, "request_expired", RequestExpired),
+    (413, "payload_too_large", PayloadTooLarge),
+    (422, "idempotency_key_reused", IdempotencyKeyReused),
+    (422, "validation_error", ValidationFailed),
+    (422, "pan_not_allowed", PanNotAllowed),
+    (422, "not_reversible", NotReversible),
+    (429, "rate_limited", RateLimited),
+    (503, "service_unavailable", ServiceUnavailable),
+]
+
+
+@pytest.mark.parametrize(("status", "code", "error_type"), SPEC_CODES)
+def test_every_spec_code_maps_to_its_class_with_code_status_request_id_detail(
+    status: int, code: str, error_type: type[APIError]
+) -> None:
+    body = {
+        "type": "about:blank",
+        "title": "t",
+        "status": status,
+        "detail": f"why {code}",
+        "code": code,
+    }
+    error = error_from_response(status, {"x-request-id": "req_123"}, body)
+    assert type(error) is error_type
+    assert isinstance(error, APIError)
+    assert (error.code, error.status, error.request_id, error.detail) == (
+        code,
+        status,
+        "req_123",
+        f"why {code}",
+    )
+    assert error.body == body
+    assert code in str(error)
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        (401, Unauthorized),
+        (404, NotFound),
+        (429, RateLimited),
+        (500, ServerError),
+        (502, ServerError),
+        (503, ServiceUnavailable),
+        (418, APIError),
+    ],
+)
+def test_answers_without_a_known_code_fall_back_on_the_status(
+    status: int, error_type: type[APIError]
+) -> None:
+    error = error_from_response(status, {}, "<html>oops</html>")
+    assert type(error) is error_type
+    assert (error.code, error.status, error.request_id) == (None, status, None)
+
+
+def test_unknown_codes_keep_the_code_on_a_status_based_class() -> None:
+    error = error_from_response(422, {}, {"code": "something_new", "detail": "d"})
+    assert type(error) is ValidationFailed
+    assert error.code == "something_new"
+
+
+def test_the_tree_is_rooted_at_idempay_error_and_pan_is_a_validation_failure() -> None:
+    assert issubclass(PanNotAllowed, ValidationFailed)
+    assert issubclass(ServiceUnavailable, ServerError)
+    for name in client_sdk.__all__:
+        value = getattr(client_sdk, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert issubclass(value, IdempayError), name
+
+
+def test_the_module_docstring_draws_every_exception_class() -> None:
+    from client_sdk import _exceptions
+
+    doc = _exceptions.__doc__ or ""
+    for name in _exceptions.__all__:
+        if isinstance(getattr(_exceptions, name), type):
+            assert name in doc, name
