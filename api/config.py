@@ -62,6 +62,11 @@ class Settings(BaseSettings):
         default=30, ge=1, description="Postgres connections per worker process (no overflow)."
     )
     db_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection.")
+    bench_bypass: bool = Field(
+        default=False,
+        description="Benchmarks only: mount POST /_bench/transactions, the same inserts with the"
+        " idempotency layer bypassed (the baseline `make bench` compares against).",
+    )
     log_level: str = Field(default="INFO", description="structlog level.")
     log_json: bool = Field(default=True, description="JSON logs (false: console renderer).")
 

@@ -21,7 +21,22 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+_READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Storage reachable (status ok, or degraded when Redis is down)"},
+    503: {
+        "description": "Storage unreachable",
+        "content": {"application/problem+json": {"schema": {"type": "object"}}},
+    },
+}
+_METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Prometheus text exposition",
+        "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.get("/readyz", responses=_READY_RESPONSES)
 async def readyz(request: Request) -> Response:
     ctx = request.app.state.ctx
     database = "ok"
@@ -53,7 +68,7 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": status, "checks": checks})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses=_METRICS_RESPONSES)
 async def metrics(request: Request) -> Response:
     IN_FLIGHT.set(request.app.state.ctx.service.in_flight)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

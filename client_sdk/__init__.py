@@ -86,4 +86,3 @@ __all__ = [
     "ValidationFailed",
     "uuid7",
 ]
-

@@ -105,19 +105,32 @@ class BaseClient:
         now = datetime.fromtimestamp(started, UTC)
         expires = now + timedelta(seconds=deadline_s) if self.send_expires_at else None
         body = build_body(
-            terminal_id=self.terminal_id, kind=kind, amount=amount, currency=currency,
-            card=card_from(card), installments=installments, metadata=metadata,
-            captured_at=captured_at or now, expires_at=expires,
+            terminal_id=self.terminal_id,
+            kind=kind,
+            amount=amount,
+            currency=currency,
+            card=card_from(card),
+            installments=installments,
+            metadata=metadata,
+            captured_at=captured_at or now,
+            expires_at=expires,
         )
         key = str(uuid7(unix_ms=int(started * 1000)))
-        steps = pay(self._ctx, key=key, request_json=body, deadline=started + deadline_s,
-                    reverse_late_approval=reverse_late_approval)
+        steps = pay(
+            self._ctx,
+            key=key,
+            request_json=body,
+            deadline=started + deadline_s,
+            reverse_late_approval=reverse_late_approval,
+        )
         return key, steps
 
     def _write(self, effect: Begin | Record) -> JournalEntry:
         if isinstance(effect, Begin):
             return self.journal.begin(
-                effect.key, effect.request_json, deadline=effect.deadline,
+                effect.key,
+                effect.request_json,
+                deadline=effect.deadline,
                 reverse_late_approval=effect.reverse_late_approval,
             )
         return self.journal.transition(

@@ -30,42 +30,87 @@ class Client(BaseClient):
     """Blocking terminal client. One per process; thread-safe."""
 
     def __init__(
-        self, base_url: str, api_key: str, *, terminal_id: str,
-        journal: str | os.PathLike[str] | Journal = "pos.db", network: str | None = None,
-        timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
-        base_backoff: float = 0.1, max_backoff: float = 5.0, abort_grace_s: float = 15.0,
-        max_retries: int = 2, send_expires_at: bool = True, seed: int | None = None,
-        clock: Callable[[], float] | None = None, sleep: Callable[[float], None] | None = None,
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        terminal_id: str,
+        journal: str | os.PathLike[str] | Journal = "pos.db",
+        network: str | None = None,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+        base_backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        abort_grace_s: float = 15.0,
+        max_retries: int = 2,
+        send_expires_at: bool = True,
+        seed: int | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__(
-            api_key, terminal_id=terminal_id, journal=journal, network=network,
-            timeout=timeout, base_backoff=base_backoff, max_backoff=max_backoff,
-            abort_grace_s=abort_grace_s, max_retries=max_retries,
-            send_expires_at=send_expires_at, seed=seed, clock=clock,
+            api_key,
+            terminal_id=terminal_id,
+            journal=journal,
+            network=network,
+            timeout=timeout,
+            base_backoff=base_backoff,
+            max_backoff=max_backoff,
+            abort_grace_s=abort_grace_s,
+            max_retries=max_retries,
+            send_expires_at=send_expires_at,
+            seed=seed,
+            clock=clock,
         )
         self._http = httpx.Client(base_url=base_url, transport=transport, timeout=timeout)
         self._sleep = sleep or time.sleep
 
     def purchase(
-        self, *, amount: int, currency: str, card: CardLike, deadline_s: float = 60.0,
-        installments: int | None = None, metadata: Mapping[str, Any] | None = None,
-        captured_at: datetime | None = None, reverse_late_approval: bool = False,
+        self,
+        *,
+        amount: int,
+        currency: str,
+        card: CardLike,
+        deadline_s: float = 60.0,
+        installments: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        captured_at: datetime | None = None,
+        reverse_late_approval: bool = False,
     ) -> Transaction:
         key, steps = self._payment(
-            "purchase", amount=amount, currency=currency, card=card, deadline_s=deadline_s,
-            installments=installments, metadata=metadata, captured_at=captured_at,
+            "purchase",
+            amount=amount,
+            currency=currency,
+            card=card,
+            deadline_s=deadline_s,
+            installments=installments,
+            metadata=metadata,
+            captured_at=captured_at,
             reverse_late_approval=reverse_late_approval,
         )
         return self._drive(key, steps)
 
     def refund(
-        self, *, amount: int, currency: str, card: CardLike, deadline_s: float = 60.0,
-        installments: int | None = None, metadata: Mapping[str, Any] | None = None,
-        captured_at: datetime | None = None, reverse_late_approval: bool = False,
+        self,
+        *,
+        amount: int,
+        currency: str,
+        card: CardLike,
+        deadline_s: float = 60.0,
+        installments: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        captured_at: datetime | None = None,
+        reverse_late_approval: bool = False,
     ) -> Transaction:
         key, steps = self._payment(
-            "refund", amount=amount, currency=currency, card=card, deadline_s=deadline_s,
-            installments=installments, metadata=metadata, captured_at=captured_at,
+            "refund",
+            amount=amount,
+            currency=currency,
+            card=card,
+            deadline_s=deadline_s,
+            installments=installments,
+            metadata=metadata,
+            captured_at=captured_at,
             reverse_late_approval=reverse_late_approval,
         )
         return self._drive(key, steps)
@@ -98,7 +143,9 @@ class Client(BaseClient):
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.close()
@@ -137,43 +184,87 @@ class AsyncClient(BaseClient):
     """Asyncio terminal client, same surface as ``Client``."""
 
     def __init__(
-        self, base_url: str, api_key: str, *, terminal_id: str,
-        journal: str | os.PathLike[str] | Journal = "pos.db", network: str | None = None,
-        timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
-        base_backoff: float = 0.1, max_backoff: float = 5.0, abort_grace_s: float = 15.0,
-        max_retries: int = 2, send_expires_at: bool = True, seed: int | None = None,
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        terminal_id: str,
+        journal: str | os.PathLike[str] | Journal = "pos.db",
+        network: str | None = None,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        base_backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        abort_grace_s: float = 15.0,
+        max_retries: int = 2,
+        send_expires_at: bool = True,
+        seed: int | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(
-            api_key, terminal_id=terminal_id, journal=journal, network=network,
-            timeout=timeout, base_backoff=base_backoff, max_backoff=max_backoff,
-            abort_grace_s=abort_grace_s, max_retries=max_retries,
-            send_expires_at=send_expires_at, seed=seed, clock=clock,
+            api_key,
+            terminal_id=terminal_id,
+            journal=journal,
+            network=network,
+            timeout=timeout,
+            base_backoff=base_backoff,
+            max_backoff=max_backoff,
+            abort_grace_s=abort_grace_s,
+            max_retries=max_retries,
+            send_expires_at=send_expires_at,
+            seed=seed,
+            clock=clock,
         )
         self._http = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout)
         self._sleep = sleep or asyncio.sleep
 
     async def purchase(
-        self, *, amount: int, currency: str, card: CardLike, deadline_s: float = 60.0,
-        installments: int | None = None, metadata: Mapping[str, Any] | None = None,
-        captured_at: datetime | None = None, reverse_late_approval: bool = False,
+        self,
+        *,
+        amount: int,
+        currency: str,
+        card: CardLike,
+        deadline_s: float = 60.0,
+        installments: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        captured_at: datetime | None = None,
+        reverse_late_approval: bool = False,
     ) -> Transaction:
         key, steps = self._payment(
-            "purchase", amount=amount, currency=currency, card=card, deadline_s=deadline_s,
-            installments=installments, metadata=metadata, captured_at=captured_at,
+            "purchase",
+            amount=amount,
+            currency=currency,
+            card=card,
+            deadline_s=deadline_s,
+            installments=installments,
+            metadata=metadata,
+            captured_at=captured_at,
             reverse_late_approval=reverse_late_approval,
         )
         return await self._drive(key, steps)
 
     async def refund(
-        self, *, amount: int, currency: str, card: CardLike, deadline_s: float = 60.0,
-        installments: int | None = None, metadata: Mapping[str, Any] | None = None,
-        captured_at: datetime | None = None, reverse_late_approval: bool = False,
+        self,
+        *,
+        amount: int,
+        currency: str,
+        card: CardLike,
+        deadline_s: float = 60.0,
+        installments: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        captured_at: datetime | None = None,
+        reverse_late_approval: bool = False,
     ) -> Transaction:
         key, steps = self._payment(
-            "refund", amount=amount, currency=currency, card=card, deadline_s=deadline_s,
-            installments=installments, metadata=metadata, captured_at=captured_at,
+            "refund",
+            amount=amount,
+            currency=currency,
+            card=card,
+            deadline_s=deadline_s,
+            installments=installments,
+            metadata=metadata,
+            captured_at=captured_at,
             reverse_late_approval=reverse_late_approval,
         )
         return await self._drive(key, steps)
@@ -206,7 +297,9 @@ class AsyncClient(BaseClient):
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.close()
@@ -235,9 +328,7 @@ class AsyncClient(BaseClient):
 
     async def _send(self, effect: Send) -> Reply:
         try:
-            response = await self._http.request(
-                effect.method, effect.path, **send_kwargs(effect)
-            )
+            response = await self._http.request(effect.method, effect.path, **send_kwargs(effect))
         except httpx.TransportError as exc:
             return no_reply(exc)
         return reply_from(response)

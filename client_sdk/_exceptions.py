@@ -95,9 +95,7 @@ class APIError(IdempayError):
         detail: str | None = None,
         body: object = None,
     ) -> None:
-        super().__init__(
-            message, code=code, status=status, request_id=request_id, detail=detail
-        )
+        super().__init__(message, code=code, status=status, request_id=request_id, detail=detail)
         self.body = body
 
 
@@ -183,9 +181,7 @@ class PaymentAborted(IdempayError):
         request_id: str | None = None,
         detail: str | None = None,
     ) -> None:
-        super().__init__(
-            message, code=code, status=status, request_id=request_id, detail=detail
-        )
+        super().__init__(message, code=code, status=status, request_id=request_id, detail=detail)
         self.key = key
         self.reason = reason
 
@@ -242,9 +238,7 @@ def _error_class(status: int, code: str | None) -> type[APIError]:
     return ServerError if status >= 500 else APIError
 
 
-def error_from_response(
-    status: int, headers: Mapping[str, str], body: object
-) -> APIError:
+def error_from_response(status: int, headers: Mapping[str, str], body: object) -> APIError:
     """Build the typed error for an error response (pure: no I/O)."""
     problem = body if isinstance(body, dict) else {}
     raw_code = problem.get("code")

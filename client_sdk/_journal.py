@@ -109,8 +109,17 @@ class Journal:
     ) -> JournalEntry:
         """Write a new PENDING entry and commit it (fsync) before anything is sent."""
         now = _now()
-        row = (key, request_json, JournalState.PENDING.value, 0, None, deadline,
-               int(reverse_late_approval), now, now)
+        row = (
+            key,
+            request_json,
+            JournalState.PENDING.value,
+            0,
+            None,
+            deadline,
+            int(reverse_late_approval),
+            now,
+            now,
+        )
         with self._lock:
             try:
                 self._db.execute(
@@ -182,9 +191,7 @@ class Journal:
         self.close()
 
     def _get(self, key: str) -> JournalEntry | None:
-        cursor = self._db.execute(
-            f"SELECT {_COLUMNS} FROM journal_entry WHERE key = ?", (key,)
-        )
+        cursor = self._db.execute(f"SELECT {_COLUMNS} FROM journal_entry WHERE key = ?", (key,))
         row = cursor.fetchone()
         return None if row is None else _entry(row)
 

@@ -42,8 +42,13 @@ class Context:
 
 
 def send(
-    ctx: Context, method: Literal["GET", "POST"], path: str, *, timeout: float,
-    content: str | None = None, headers: Mapping[str, str] | None = None,
+    ctx: Context,
+    method: Literal["GET", "POST"],
+    path: str,
+    *,
+    timeout: float,
+    content: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Steps[Reply]:
     reply = yield Send(method, path, {**ctx.headers, **(headers or {})}, content, timeout)
     if not isinstance(reply, HttpReply | NoReply):
@@ -69,7 +74,10 @@ class _Run:
         self.maybe_sent = entry.state is not JournalState.PENDING
 
     def record(
-        self, state: JournalState, *, attempts: int | None = None,
+        self,
+        state: JournalState,
+        *,
+        attempts: int | None = None,
         outcome: Mapping[str, Any] | None = None,
     ) -> Steps[None]:
         yield Record(self.key, state, attempts, outcome)
@@ -122,10 +130,19 @@ def drive(
         if phase is Phase.CREATE:
             run.attempts += 1
             yield from run.record(JournalState.SENT, attempts=run.attempts)
-            headers = {"Idempotency-Key": run.key, "Idempotency-Attempt": str(run.attempts),
-                       "Content-Type": "application/json"}
-            reply = yield from send(ctx, "POST", "/v1/transactions", timeout=timeout,
-                                    content=entry.request_json, headers=headers)
+            headers = {
+                "Idempotency-Key": run.key,
+                "Idempotency-Attempt": str(run.attempts),
+                "Content-Type": "application/json",
+            }
+            reply = yield from send(
+                ctx,
+                "POST",
+                "/v1/transactions",
+                timeout=timeout,
+                content=entry.request_json,
+                headers=headers,
+            )
             run.maybe_sent |= not (isinstance(reply, NoReply) and not reply.sent)
         else:
             reply = yield from send(ctx, "GET", run.path(), timeout=timeout)
@@ -153,8 +170,9 @@ def _fence(run: _Run, *, cause: IdempayError | None) -> Steps[Transaction]:
     grace_end = ctx.clock() + ctx.abort_grace_s
     last = cause
     while (remaining := grace_end - ctx.clock()) >= MIN_SEND_S:
-        reply = yield from send(ctx, "POST", run.path("/abort"),
-                                timeout=min(ctx.timeout, remaining))
+        reply = yield from send(
+            ctx, "POST", run.path("/abort"), timeout=min(ctx.timeout, remaining)
+        )
         action = next_action(Phase.ABORT, reply, now=ctx.now())
         if isinstance(action, Fence):
             yield from _fenced(run, action)
@@ -169,7 +187,8 @@ def _fence(run: _Run, *, cause: IdempayError | None) -> Steps[Transaction]:
         yield from run.record(JournalState.ABORTED, outcome={"kind": "not_sent"})
         raise PaymentAborted(
             f"payment {run.key} was never sent and the deadline passed",
-            key=run.key, reason="not_sent",
+            key=run.key,
+            reason="not_sent",
         )
     raise PaymentInDoubt(
         f"payment {run.key}: no definitive answer, not even from abort; "
@@ -192,8 +211,9 @@ def _reverse(run: _Run, approval: Finish) -> Steps[Transaction]:
     ctx = run.ctx
     grace_end = ctx.clock() + ctx.abort_grace_s
     while (remaining := grace_end - ctx.clock()) >= MIN_SEND_S:
-        reply = yield from send(ctx, "POST", run.path("/reversal"),
-                                timeout=min(ctx.timeout, remaining))
+        reply = yield from send(
+            ctx, "POST", run.path("/reversal"), timeout=min(ctx.timeout, remaining)
+        )
         action = next_action(Phase.REVERSAL, reply, now=ctx.now())
         if isinstance(action, Retry):
             yield from run.wait(action.retry_after, grace_end)
@@ -215,13 +235,15 @@ def _fenced(run: _Run, action: Fence) -> Steps[NoReturn]:
     )
     raise PaymentAborted(
         f"payment {run.key} was {action.reason}: never charged",
-        key=run.key, reason=action.reason, code=action.code, request_id=action.request_id,
+        key=run.key,
+        reason=action.reason,
+        code=action.code,
+        request_id=action.request_id,
     )
 
 
 def _rejected(run: _Run, error: APIError) -> Steps[NoReturn]:
-    outcome = {"kind": "error", "code": error.code, "status": error.status,
-               "detail": error.detail}
+    outcome = {"kind": "error", "code": error.code, "status": error.status, "detail": error.detail}
     yield from run.record(JournalState.RESOLVED, outcome=outcome)
     raise error
 

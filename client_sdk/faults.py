@@ -40,8 +40,16 @@ class _FaultPlan:
         self._lock = threading.Lock()
         self._probabilities = probabilities
         self._stats = dict.fromkeys(
-            ("requests", "passed", "drop_request", "drop_response", "delay",
-             "reset_before", "reset_after"), 0,
+            (
+                "requests",
+                "passed",
+                "drop_request",
+                "drop_response",
+                "delay",
+                "reset_before",
+                "reset_after",
+            ),
+            0,
         )
 
     def draw(self) -> str:
@@ -84,15 +92,27 @@ class FaultyTransport(httpx.BaseTransport):
     """Wraps a sync transport (e.g. ``httpx.HTTPTransport`` or ``httpx.MockTransport``)."""
 
     def __init__(
-        self, inner: httpx.BaseTransport, *, seed: int | None = None,
-        drop_request: float = 0.0, drop_response: float = 0.0, delay: float = 0.0,
-        delay_s: float = 0.5, reset: float = 0.0,
+        self,
+        inner: httpx.BaseTransport,
+        *,
+        seed: int | None = None,
+        drop_request: float = 0.0,
+        drop_response: float = 0.0,
+        delay: float = 0.0,
+        delay_s: float = 0.5,
+        reset: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._inner = inner
-        self._plan = _FaultPlan(seed, {"drop_request": drop_request,
-                                       "drop_response": drop_response,
-                                       "delay": delay, "reset": reset})
+        self._plan = _FaultPlan(
+            seed,
+            {
+                "drop_request": drop_request,
+                "drop_response": drop_response,
+                "delay": delay,
+                "reset": reset,
+            },
+        )
         self._delay_s = delay_s
         self._sleep = sleep
 
@@ -120,15 +140,27 @@ class AsyncFaultyTransport(httpx.AsyncBaseTransport):
     """Wraps an async transport, same faults as ``FaultyTransport``."""
 
     def __init__(
-        self, inner: httpx.AsyncBaseTransport, *, seed: int | None = None,
-        drop_request: float = 0.0, drop_response: float = 0.0, delay: float = 0.0,
-        delay_s: float = 0.5, reset: float = 0.0,
+        self,
+        inner: httpx.AsyncBaseTransport,
+        *,
+        seed: int | None = None,
+        drop_request: float = 0.0,
+        drop_response: float = 0.0,
+        delay: float = 0.0,
+        delay_s: float = 0.5,
+        reset: float = 0.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._inner = inner
-        self._plan = _FaultPlan(seed, {"drop_request": drop_request,
-                                       "drop_response": drop_response,
-                                       "delay": delay, "reset": reset})
+        self._plan = _FaultPlan(
+            seed,
+            {
+                "drop_request": drop_request,
+                "drop_response": drop_response,
+                "delay": delay,
+                "reset": reset,
+            },
+        )
         self._delay_s = delay_s
         self._sleep = sleep
 

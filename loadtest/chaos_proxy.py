@@ -46,8 +46,19 @@ __all__ = ["ChaosProxy", "ProxyThread", "Release", "main"]
 log = logging.getLogger("loadtest.chaos_proxy")
 
 MODES = ("drop_request", "drop_response", "delay", "reset", "hold")
-_STAT_KEYS = ("connections", "requests", "passed", "drop_request", "drop_response", "delay",
-              "reset_before", "reset_after", "hold", "upstream_errors", "tunnels")
+_STAT_KEYS = (
+    "connections",
+    "requests",
+    "passed",
+    "drop_request",
+    "drop_response",
+    "delay",
+    "reset_before",
+    "reset_after",
+    "hold",
+    "upstream_errors",
+    "tunnels",
+)
 _INJECTABLE = frozenset({*MODES, "reset_before", "reset_after", "pass"})
 
 
@@ -176,10 +187,20 @@ class ChaosProxy:
     """An asyncio HTTP/1.1 proxy that injects seeded, per-request network faults."""
 
     def __init__(
-        self, listen_host: str = "127.0.0.1", listen_port: int = 0, *, target_host: str,
-        target_port: int, seed: int = 0, loss: float = 0.035, drop_request_ratio: float = 0.5,
-        delay_ratio: float = 0.0, reset_ratio: float = 0.0, hold_ratio: float = 0.0,
-        delay_s: float = 1.0, hold_s: float | None = None,
+        self,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        *,
+        target_host: str,
+        target_port: int,
+        seed: int = 0,
+        loss: float = 0.035,
+        drop_request_ratio: float = 0.5,
+        delay_ratio: float = 0.0,
+        reset_ratio: float = 0.0,
+        hold_ratio: float = 0.0,
+        delay_s: float = 1.0,
+        hold_s: float | None = None,
     ) -> None:
         for host in (listen_host, target_host):
             if not is_loopback(host):
@@ -193,9 +214,13 @@ class ChaosProxy:
         self.target_host, self.target_port = target_host, target_port
         self.seed, self.loss, self.delay_s, self.hold_s = seed, loss, delay_s, hold_s
         rest = 1.0 - delay_ratio - reset_ratio - hold_ratio
-        self._mix = (("delay", delay_ratio), ("reset", reset_ratio), ("hold", hold_ratio),
-                     ("drop_request", rest * drop_request_ratio),
-                     ("drop_response", rest * (1.0 - drop_request_ratio)))
+        self._mix = (
+            ("delay", delay_ratio),
+            ("reset", reset_ratio),
+            ("hold", hold_ratio),
+            ("drop_request", rest * drop_request_ratio),
+            ("drop_response", rest * (1.0 - drop_request_ratio)),
+        )
         self._stats = dict.fromkeys(_STAT_KEYS, 0)
         self.released: list[Release] = []
         self._injections: list[_Injection] = []
@@ -210,8 +235,9 @@ class ChaosProxy:
         with self._lock:
             return dict(self._stats)
 
-    def inject(self, mode: str, *, count: int = 1, match: str | None = None,
-               hold_s: float | None = None) -> None:
+    def inject(
+        self, mode: str, *, count: int = 1, match: str | None = None, hold_s: float | None = None
+    ) -> None:
         """Force ``mode`` on the next ``count`` requests whose request line contains
         ``match`` (any request when None). Thread-safe."""
         if mode not in _INJECTABLE:
@@ -221,8 +247,9 @@ class ChaosProxy:
         with self._lock:
             self._injections.append(_Injection(mode, count, match, hold_s or self.hold_s))
 
-    def hold_next(self, count: int = 1, *, seconds: float | None = None,
-                  match: str | None = None) -> None:
+    def hold_next(
+        self, count: int = 1, *, seconds: float | None = None, match: str | None = None
+    ) -> None:
         """Hold the next matching request(s) ``seconds`` (default ``hold_s``) before
         forwarding them."""
         self.inject("hold", count=count, match=match, hold_s=seconds)
@@ -232,8 +259,13 @@ class ChaosProxy:
             self._on_connection, self.listen_host, self.listen_port
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("chaos proxy %s:%d -> %s:%d", self.listen_host, self.port,
-                 self.target_host, self.target_port)
+        log.info(
+            "chaos proxy %s:%d -> %s:%d",
+            self.listen_host,
+            self.port,
+            self.target_host,
+            self.target_port,
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -248,8 +280,12 @@ class ChaosProxy:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.stop()
 
     def run_in_thread(self) -> ProxyThread:
@@ -291,8 +327,9 @@ class ChaosProxy:
                     return injection.mode, injection.hold_s
         return None
 
-    async def _on_connection(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
@@ -308,8 +345,9 @@ class ChaosProxy:
             writer.close()
             self._tasks.discard(task)
 
-    async def _one_request(self, rng: random.Random, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter) -> bool:
+    async def _one_request(
+        self, rng: random.Random, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         """Serve one request; False when the client connection must end."""
         head = await _read_head(reader)
         if head is None:
@@ -364,8 +402,9 @@ class ChaosProxy:
         finally:
             up_writer.close()
 
-    async def _tunnel(self, first: bytes, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def _tunnel(
+        self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self._count("tunnels")
         up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
         try:
@@ -403,12 +442,14 @@ class ProxyThread:
     def released(self) -> list[Release]:
         return list(self.proxy.released)
 
-    def inject(self, mode: str, *, count: int = 1, match: str | None = None,
-               hold_s: float | None = None) -> None:
+    def inject(
+        self, mode: str, *, count: int = 1, match: str | None = None, hold_s: float | None = None
+    ) -> None:
         self.proxy.inject(mode, count=count, match=match, hold_s=hold_s)
 
-    def hold_next(self, count: int = 1, *, seconds: float | None = None,
-                  match: str | None = None) -> None:
+    def hold_next(
+        self, count: int = 1, *, seconds: float | None = None, match: str | None = None
+    ) -> None:
         self.proxy.hold_next(count, seconds=seconds, match=match)
 
     def stop(self) -> None:
@@ -441,8 +482,10 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.chaos_proxy",
-                                     description="Lossy-link HTTP/1.1 proxy (loopback only).")
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.chaos_proxy",
+        description="Lossy-link HTTP/1.1 proxy (loopback only).",
+    )
     parser.add_argument("--listen", type=_address, default=("127.0.0.1", 8001))
     parser.add_argument("--target", type=_address, default=("127.0.0.1", 8000))
     parser.add_argument("--loss", type=float, default=0.035)
@@ -459,10 +502,17 @@ def _parser() -> argparse.ArgumentParser:
 def build(argv: list[str] | None = None) -> ChaosProxy:
     args = _parser().parse_args(argv)
     return ChaosProxy(
-        args.listen[0], args.listen[1], target_host=args.target[0],
-        target_port=args.target[1], seed=args.seed, loss=args.loss,
-        drop_request_ratio=args.drop_request_ratio, delay_ratio=args.delay_ratio,
-        reset_ratio=args.reset_ratio, hold_ratio=args.hold_ratio, delay_s=args.delay_s,
+        args.listen[0],
+        args.listen[1],
+        target_host=args.target[0],
+        target_port=args.target[1],
+        seed=args.seed,
+        loss=args.loss,
+        drop_request_ratio=args.drop_request_ratio,
+        delay_ratio=args.delay_ratio,
+        reset_ratio=args.reset_ratio,
+        hold_ratio=args.hold_ratio,
+        delay_s=args.delay_s,
         hold_s=args.hold_s,
     )
 

@@ -9,14 +9,30 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
-    StrictInt,
     StrictStr,
+    WithJsonSchema,
     field_validator,
 )
 
 METADATA_MAX_BYTES = 4096
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON Schema's ``integer``: 1250 and 1250.0 are the same number; 12.5, "1250" and true
+    are not integers. The value is normalized to an int before it is fingerprinted."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("must be an integer")
+    return value
+
+
+def _integer(minimum: int, maximum: int) -> WithJsonSchema:
+    return WithJsonSchema({"type": "integer", "minimum": minimum, "maximum": maximum})
+
 
 TerminalId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$", examples=["T-0001"])]
 
@@ -36,10 +52,14 @@ class TransactionCreate(BaseModel):
 
     terminal_id: TerminalId
     type: Literal["purchase", "refund"] = "purchase"
-    amount: Annotated[StrictInt, Field(ge=1, le=10**12)]
+    amount: Annotated[
+        int, BeforeValidator(_whole_number), Field(ge=1, le=10**12), _integer(1, 10**12)
+    ]
     currency: Annotated[StrictStr, Field(pattern=r"^[A-Z]{3}$", examples=["BRL"])]
     card: CardIn
-    installments: Annotated[StrictInt, Field(ge=1, le=24)] = 1
+    installments: Annotated[
+        int, BeforeValidator(_whole_number), Field(ge=1, le=24), _integer(1, 24)
+    ] = 1
     captured_at: AwareDatetime | None = None
     expires_at: AwareDatetime | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -145,8 +145,8 @@ class TransactionService:
     ) -> Outcome:
         """Phases 1–3 in one transaction: the issuer enlists, the key is inserted already
         completed, and a lost insert race rolls everything back (issuer record included)."""
-        auth = await self.issuer.authorize(self._auth_request(merchant_id, key, body), conn=conn)
-        txn = self._new_transaction(merchant_id, key, body, auth, created_at=now)
+        auth = await self.issuer.authorize(self.auth_request(merchant_id, key, body), conn=conn)
+        txn = self.new_transaction(merchant_id, key, body, auth, created_at=now)
         text = repository.render(txn)
         inserted = await store.insert_completed(
             conn,
@@ -162,7 +162,7 @@ class TransactionService:
         await repository.insert_transaction(conn, txn)
         return Outcome(201, text.encode(), "created", "created", terminal_id=body.terminal_id)
 
-    def _auth_request(
+    def auth_request(
         self, merchant_id: str, key: str, body: TransactionCreate
     ) -> AuthorizationRequest:
         return AuthorizationRequest(
@@ -173,7 +173,7 @@ class TransactionService:
             type=body.type,
         )
 
-    def _new_transaction(
+    def new_transaction(
         self,
         merchant_id: str,
         key: str,
@@ -215,7 +215,7 @@ class TransactionService:
         created_at: datetime,
     ) -> str | None:
         """Phase 3: stored response, transaction and ledger, or nothing if the lease is gone."""
-        txn = self._new_transaction(merchant_id, key, body, auth, created_at=created_at)
+        txn = self.new_transaction(merchant_id, key, body, auth, created_at=created_at)
         text = repository.render(txn)
         won = await store.complete(
             conn,
@@ -245,7 +245,7 @@ class TransactionService:
         self.in_flight += 1
         try:
             auth = await asyncio.wait_for(
-                self.issuer.authorize(self._auth_request(merchant_id, key, body)),
+                self.issuer.authorize(self.auth_request(merchant_id, key, body)),
                 timeout=self.settings.issuer_timeout,
             )
         except TimeoutError:

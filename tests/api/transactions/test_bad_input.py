@@ -102,7 +102,6 @@ INVALID_BODIES: dict[str, Any] = {
     "amount too big": body(amount=10**12 + 1),
     "amount huge": body(amount=10**30),
     "amount float": body(amount=12.5),
-    "amount integral float": body(amount=1250.0),
     "amount string": body(amount="1250"),
     "amount bool": body(amount=True),
     "amount null": body(amount=None),
@@ -180,6 +179,14 @@ def test_card_number_anywhere_is_refused_and_never_stored(
     problem = assert_problem(response, 422, "pan_not_allowed")
     assert VISA_PAN not in response.text and "errors" not in problem
     _no_trace(deployment, key)
+
+
+def test_integral_float_amount_is_the_same_integer(deployment: Deployment) -> None:
+    key = new_key()
+    first = deployment.a.create(key, body(amount=1250.0))
+    assert first.status_code == 201 and first.json()["amount"] == 1250
+    replay = deployment.a.create(key, body(amount=1250))  # same canonical body
+    assert replay.headers["idempotent-replayed"] == "true"
 
 
 def test_luhn_failing_digit_runs_are_not_pans(deployment: Deployment) -> None:

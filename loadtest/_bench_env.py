@@ -1,0 +1,235 @@
+"""The bench's environment: a private Postgres database, one idempay server, CPU accounting.
+
+CPU is read from ``/proc`` (Linux): the server's process group, every ``postgres`` process
+(the postmaster's reaped-children time included, so short-lived backends are counted), and
+the machine's busy time from ``/proc/stat``. Postgres is shared with whatever else runs on
+this machine, so its figure is an upper bound for the bench's own database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+ROOT = Path(__file__).resolve().parents[1]
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def database_url(name: str) -> str:
+    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
+
+
+async def _admin(sql: str) -> None:
+    conn = await asyncpg.connect(PG_ADMIN)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def create_database() -> str:
+    name = f"idempay_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    return name
+
+
+def drop_database(name: str) -> None:
+    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def prepare_database(name: str) -> str:
+    """Apply the migrations and return a new API key for the merchant ``bench``."""
+    from api.auth import create_api_key
+    from api.config import Settings
+    from api.db import create_engine
+    from api.migrate import migrate
+
+    settings = Settings(database_url=database_url(name))
+    migrate(settings)
+
+    async def make_key() -> str:
+        engine = create_engine(settings)
+        try:
+            return await create_api_key(engine, "bench")
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(make_key())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """``python -m api serve --workers 1`` in its own process group, logging to a file."""
+
+    def __init__(self, database: str, log_path: Path) -> None:
+        self.port = _free_port()
+        self.log_path = log_path
+        self.env = {
+            **os.environ,
+            "IDEMPAY_DATABASE_URL": database_url(database),
+            "IDEMPAY_BENCH_BYPASS": "true",
+            "IDEMPAY_LOG_LEVEL": "WARNING",
+            "IDEMPAY_RATE_LIMIT": "1000000/second",
+            "IDEMPAY_RATE_LIMIT_TERMINAL": "1000000/second",
+            "IDEMPAY_REDIS_URL": "",
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, *, timeout: float = 60.0) -> None:
+        command = [sys.executable, "-m", "api", "serve", "--port", str(self.port)]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [*command, "--workers", "1"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1.0) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def _proc_stats() -> list[tuple[str, int, float]]:
+    """(comm, process group, CPU seconds incl. reaped children) of every visible process."""
+    stats = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
+        ticks = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+        stats.append((comm, int(fields[2]), ticks / _TICK))
+    return stats
+
+
+def _machine_busy() -> float:
+    with open("/proc/stat") as stat:
+        values = [int(v) for v in stat.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values[:8]) - idle) / _TICK
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    wall: float
+    server: float
+    postgres: float
+    children: float
+    machine: float
+
+
+def sample_cpu(server_pid: int) -> CpuSample:
+    server = postgres = 0.0
+    for comm, group, seconds in _proc_stats():
+        if group == server_pid:
+            server += seconds
+        elif comm == "postgres":
+            postgres += seconds
+    children = os.times()
+    return CpuSample(
+        wall=time.monotonic(),
+        server=server,
+        postgres=postgres,
+        children=children.children_user + children.children_system,
+        machine=_machine_busy(),
+    )
+
+
+def cpu_delta(before: CpuSample, after: CpuSample) -> dict[str, float]:
+    """CPU seconds spent between two samples, and the wall time between them."""
+    return {
+        "wall_s": after.wall - before.wall,
+        "server_s": after.server - before.server,
+        "postgres_s": after.postgres - before.postgres,
+        "children_s": after.children - before.children,
+        "machine_s": after.machine - before.machine,
+    }
+
+
+def machine_info() -> dict[str, str | int]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "hostname": platform.node(),
+    }
+
+
+async def _postgres_settings(name: str) -> dict[str, str]:
+    conn = await asyncpg.connect(database_url(name).replace("+asyncpg", ""))
+    try:
+        version = await conn.fetchval("SHOW server_version")
+        sync = await conn.fetchval("SHOW synchronous_commit")
+        shared = await conn.fetchval("SHOW shared_buffers")
+    finally:
+        await conn.close()
+    return {"version": version, "synchronous_commit": sync, "shared_buffers": shared}
+
+
+def postgres_settings(name: str) -> dict[str, str]:
+    return asyncio.run(_postgres_settings(name))

@@ -1,0 +1,86 @@
+"""The Postgres ceiling: pgbench running the statements one inline create runs.
+
+``TransactionService.create`` on the inline path (``_process_inline``) is one transaction:
+SELECT the key row; INSERT issuer_authorization ON CONFLICT DO NOTHING; INSERT
+idempotency_key (completed, with the ~330-byte response) ON CONFLICT DO NOTHING; INSERT
+"transaction"; INSERT ledger_entry; COMMIT. The script does the same, with a fresh random
+key per transaction (the first SELECT both draws the key and probes the key row, as the
+create's read does), under its own merchant id. It leaves out what is not SQL on that
+path, and the request events the server writes in batches off the request path.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+MERCHANT = "mer_pgbench"
+FINGERPRINT = "f" * 64
+# The create's ~330-byte response body; pgbench reads ":name" as a variable even inside a
+# literal, so every colon is followed by a space and the timestamps use ISO 8601 basic form.
+RESPONSE = (
+    '{"id": "00000000-0000-4000-8000-000000000000", "status": "approved", "decline_reason": '
+    'null, "authorization_code": "A1B2C3", "terminal_id": "T-0001", "type": "purchase", '
+    '"amount": 1250, "currency": "BRL", "card": {"last4": "4242", "brand": "visa"}, '
+    '"installments": 1, "created_at": "20261121T200000.000000Z", '
+    '"processed_at": "20261121T200000.000000Z", "reversed_at": null}'
+)
+SCRIPT = f"""\
+BEGIN;
+SELECT u.k AS k, left(md5(u.k), 40) AS ik, upper(left(md5(u.k), 6)) AS ac, i.state AS st FROM (SELECT gen_random_uuid()::text AS k) AS u LEFT JOIN idempotency_key AS i ON i.merchant_id = '{MERCHANT}' AND i.key = u.k \\gset
+INSERT INTO issuer_authorization (issuer_key, result, decline_reason, authorization_code, amount, currency, calls, created_at) VALUES (:ik, 'approved', NULL, :ac, 1250, 'BRL', 1, now()) ON CONFLICT DO NOTHING;
+INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token, lease_until, request, response_status, response_body, terminal_id, created_at, updated_at, deadline_at) VALUES ('{MERCHANT}', :k, 'completed', '{FINGERPRINT}', 1, NULL, NULL, 201, '{RESPONSE}', 'T-0001', now(), now(), NULL) ON CONFLICT DO NOTHING;
+INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4, card_brand, card_fingerprint, installments, status, decline_reason, authorization_code, captured_at, created_at, processed_at, metadata) VALUES ('{MERCHANT}', :k, 'T-0001', 'purchase', 1250, 'BRL', '4242', 'visa', '{FINGERPRINT}', 1, 'approved', NULL, :ac, NULL, now(), now(), NULL);
+INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind, created_at) VALUES (gen_random_uuid()::text, '{MERCHANT}', :k, 1250, 'BRL', 'charge', now());
+COMMIT;
+"""  # noqa: E501
+
+
+@dataclass(slots=True)
+class PgbenchResult:
+    tps: float = 0.0
+    latency_avg_ms: float = 0.0
+    transactions: int = 0
+    failed: int = 0
+    ok: bool = True
+    message: str = ""
+
+
+def find() -> str | None:
+    return shutil.which("pgbench")
+
+
+def write_script(directory: Path) -> Path:
+    path = directory / "create.pgbench.sql"
+    path.write_text(SCRIPT)
+    return path
+
+
+def _number(pattern: str, text: str) -> float:
+    match = re.search(pattern, text)
+    return float(match.group(1)) if match else 0.0
+
+
+def run(
+    pgbench: str, script: Path, database: str, *, seconds: int, clients: int, threads: int
+) -> PgbenchResult:
+    """``pgbench -n -M prepared -f script -T seconds -c clients -j threads`` on ``database``."""
+    command = [pgbench, "-n", "-M", "prepared", "-f", str(script), "-T", str(seconds)]
+    command += ["-c", str(clients), "-j", str(threads), "-h", "127.0.0.1", "-U", "postgres"]
+    done = subprocess.run(
+        [*command, database], capture_output=True, text=True, timeout=seconds + 60, check=False
+    )
+    text = done.stdout + done.stderr
+    result = PgbenchResult(
+        tps=_number(r"tps = ([\d.]+) \(without initial connection time\)", text),
+        latency_avg_ms=_number(r"latency average = ([\d.]+) ms", text),
+        transactions=int(_number(r"number of transactions actually processed: (\d+)", text)),
+        failed=int(_number(r"number of failed transactions: (\d+)", text)),
+    )
+    if done.returncode != 0 or result.tps == 0.0:
+        result.ok = False
+        result.message = text.strip()[-1500:]
+    return result

@@ -1,0 +1,92 @@
+"""Profile the server with py-spy while creates run, and rank frames by self time.
+
+``py-spy record -f raw`` writes collapsed stacks (``frame;frame;… count``, root first,
+each frame ``function (path:line)``); idle frames are left out by py-spy, so every sample
+is the server's Python thread on the CPU. Self time belongs to a stack's last frame;
+inclusive time to every distinct frame of a stack. Frames are grouped by function and
+file (line numbers dropped), and by package for a coarser split.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
+_SITE = re.compile(r".*/site-packages/")
+_STDLIB = re.compile(r".*/lib/python3\.\d+/")
+
+
+def find() -> str | None:
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def start(py_spy: str, pid: int, seconds: int, out: Path, *, rate: int = 200) -> subprocess.Popen[str]:
+    command = [py_spy, "record", "-d", str(seconds), "-r", str(rate), "-f", "raw"]
+    return subprocess.Popen(
+        [*command, "-o", str(out), "-p", str(pid)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def short_path(path: str) -> str:
+    if "/site-packages/" in path:
+        return _SITE.sub("", path)
+    if "/work/" in path or path.startswith(("api/", "loadtest/")):
+        return path.split("/main/", 1)[-1]
+    return "stdlib/" + _STDLIB.sub("", path) if _STDLIB.match(path) else path
+
+
+def package(path: str) -> str:
+    short = short_path(path)
+    if short.startswith("stdlib/"):
+        return "stdlib:" + short.split("/")[1].removesuffix(".py")
+    return short.split("/")[0].removesuffix(".py")
+
+
+def _frame(raw: str) -> tuple[str, str]:
+    """(``function (short/path.py)``, package) of one collapsed frame."""
+    match = _FRAME.match(raw.strip())
+    if match is None:
+        return raw.strip(), "?"
+    path = match["path"]
+    return f"{match['function']} ({short_path(path)})", package(path)
+
+
+@dataclass(slots=True)
+class Profile:
+    samples: int = 0
+    self_time: Counter[str] = field(default_factory=Counter)
+    inclusive: Counter[str] = field(default_factory=Counter)
+    packages: Counter[str] = field(default_factory=Counter)
+
+    def top(self, counter: Counter[str], n: int) -> list[tuple[str, int, float]]:
+        total = self.samples or 1
+        return [(name, count, 100.0 * count / total) for name, count in counter.most_common(n)]
+
+
+def parse(text: str) -> Profile:
+    profile = Profile()
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [_frame(raw) for raw in stack.split(";") if raw.strip()]
+        if not frames:
+            continue
+        profile.samples += count
+        leaf, leaf_package = frames[-1]
+        profile.self_time[leaf] += count
+        profile.packages[leaf_package] += count
+        for name in {name for name, _ in frames}:
+            profile.inclusive[name] += count
+    return profile
