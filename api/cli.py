@@ -78,5 +78,60 @@ def create_key(
     typer.echo(api_key)
 
 
+@app.command()
+def simulate(
+    terminals: Annotated[int, typer.Option(min=1, help="Concurrent terminals.")] = 20,
+    payments: Annotated[int, typer.Option(min=1, help="Payments per terminal.")] = 100,
+    loss: Annotated[float, typer.Option(min=0.0, max=1.0, help="Link fault rate.")] = 0.035,
+    via_proxy: Annotated[
+        bool, typer.Option("--via-proxy", help="Faults from the chaos proxy, not the transport.")
+    ] = False,
+    kill_clients: Annotated[
+        bool, typer.Option("--kill-clients", help="SIGKILL some terminal processes mid-run.")
+    ] = False,
+    url: Annotated[
+        str | None, typer.Option(help="A running server (default: start one).")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key for --url.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for faults, cards and jitter.")] = 1,
+    slow_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of tok_issuer_slow cards.")
+    ] = 0.0,
+    workdir: Annotated[
+        str | None, typer.Option(help="Where the journals go (default: a temp dir).")
+    ] = None,
+) -> None:
+    """A terminal fleet through the SDK on a lossy link, then the SPEC §8 invariants."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from api.simulate import FleetConfig, default_workdir, render, run_simulation
+
+    if (url is None) != (api_key is None):
+        raise typer.BadParameter("--url and --api-key go together")
+    config = FleetConfig(
+        base_url=url or "",
+        api_key=api_key or "",
+        workdir=Path(workdir) if workdir else default_workdir(),
+        terminals=terminals,
+        payments=payments,
+        loss=loss,
+        via_proxy=via_proxy,
+        kill_clients=kill_clients,
+        seed=seed,
+        slow_share=slow_share,
+    )
+    console = Console()
+    result, report = run_simulation(config, start=url is None, console=console)
+    console.print(render(config, result, report))
+    for violation in report.violations:
+        console.print(f"[red]{violation.invariant}[/] {violation.key or ''} {violation.detail}")
+    if not report.ok:
+        console.print(f"[red]invariants failed: {', '.join(report.failed())}[/]")
+        raise typer.Exit(1)
+    console.print("[green]all invariants hold[/]")
+
+
 def main() -> None:
     app()

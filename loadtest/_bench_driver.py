@@ -95,7 +95,13 @@ class _Plan:
         if scenario == "lookup":
             return "GET", f"{base}/v1/transactions/{key}", {"Authorization": self.auth}, None, False
         replay = scenario == "replay"
-        return "POST", base + "/v1/transactions", self._headers(key), self.bodies[index % TERMINALS], replay
+        return (
+            "POST",
+            base + "/v1/transactions",
+            self._headers(key),
+            self.bodies[index % TERMINALS],
+            replay,
+        )
 
 
 async def _worker(

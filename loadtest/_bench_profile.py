@@ -27,7 +27,9 @@ def find() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def start(py_spy: str, pid: int, seconds: int, out: Path, *, rate: int = 200) -> subprocess.Popen[str]:
+def start(
+    py_spy: str, pid: int, seconds: int, out: Path, *, rate: int = 200
+) -> subprocess.Popen[str]:
     command = [py_spy, "record", "-d", str(seconds), "-r", str(rate), "-f", "raw"]
     return subprocess.Popen(
         [*command, "-o", str(out), "-p", str(pid)],

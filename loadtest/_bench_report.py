@@ -64,7 +64,9 @@ def summarize(rounds: list[dict[str, Any]], latencies: list[float]) -> dict[str,
         "errors": errors,
         "error_pct": 100.0 * errors / max(requests, 1),
         "statuses": statuses,
-        "cores": {p: _cores(rounds, f"{p}_s") for p in ("generator", "server", "postgres", "other")},
+        "cores": {
+            p: _cores(rounds, f"{p}_s") for p in ("generator", "server", "postgres", "other")
+        },
         **per_request,
     }
 
@@ -82,7 +84,9 @@ def ratios(figures: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if top not in figures or bottom not in figures or not figures[bottom]["rate_median"]:
             continue
         per_round = [
-            a / b for a, b in zip(figures[top]["rates"], figures[bottom]["rates"], strict=False) if b
+            a / b
+            for a, b in zip(figures[top]["rates"], figures[bottom]["rates"], strict=False)
+            if b
         ]
         entry: dict[str, Any] = {
             "value": figures[top]["rate_median"] / figures[bottom]["rate_median"],
@@ -93,6 +97,11 @@ def ratios(figures: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             entry["goal"] = f"≥ {GOALS[name]:g}"
             entry["met"] = entry["value"] >= GOALS[name]
         out[name] = entry
+    if "create" in figures and "bypassed" in figures:
+        out["bypassed ÷ create, server CPU per request"] = {
+            "value": figures["bypassed"]["server_us_per_req"]
+            / max(figures["create"]["server_us_per_req"], 1e-9),
+        }
     if "create" in figures:
         p99 = figures["create"]["p99_ms"]
         out["p99 create (ms)"] = {
@@ -110,11 +119,11 @@ def render(
     context: dict[str, Any],
 ) -> None:
     table = Table(title=f"idempay bench — {context['title']}", title_justify="left")
-    for header in ("scenario", "req/s (median)", "min–max", "p50 ms", "p99 ms", "requests"):
-        table.add_column(header, justify="right" if header != "scenario" else "left")
-    table.add_column("errors", justify="right")
-    table.add_column("CPU cores: gen / server / pg / other", justify="right")
-    table.add_column("server / pg µs per req", justify="right")
+    headers = ("scenario", "req/s", "min–max", "p50 ms", "p99 ms", "requests", "errors")
+    for header in headers:
+        table.add_column(header, justify="left" if header == "scenario" else "right")
+    table.add_column("CPU cores gen/srv/pg/other", justify="right")
+    table.add_column("CPU µs/req srv/pg", justify="right")
     for name, f in figures.items():
         cores = f["cores"]
         is_pg = name == "pgbench"
@@ -161,4 +170,11 @@ def render_profile(console: Console, profile: Profile, n: int = 15) -> None:
 
 
 def _api_only(profile: Profile) -> Counter[str]:
-    return Counter({k: v for k, v in profile.inclusive.items() if "(api/" in k})
+    entry_points = ("(api/cli.py)", "(api/__main__.py)")
+    return Counter(
+        {
+            k: v
+            for k, v in profile.inclusive.items()
+            if "(api/" in k and not k.endswith(entry_points)
+        }
+    )

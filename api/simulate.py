@@ -1,0 +1,600 @@
+"""``idempay simulate``: a terminal fleet on a lossy link through the SDK, then SPEC §8.
+
+Each terminal is its own ``client_sdk.Client`` with its own journal file and sells
+``payments`` cards one after the other (mostly ``tok_visa_*``, a few ``tok_decline_*``,
+optionally a share of ``tok_issuer_slow``). The link is either a
+``client_sdk.faults.FaultyTransport`` inside each terminal (default) or one shared
+``loadtest.chaos_proxy.ChaosProxy`` on loopback (``via_proxy``). A loss rate ``P`` splits
+into 40 % request drops, 40 % response drops (the server processed it) and 20 % resets.
+
+``kill_clients``: every terminal is a subprocess (``python -m api.simulate --terminal``);
+a third of them are SIGKILLed mid-run, each then rebooted as a new process on the same
+journal that calls ``recover()`` first and sells the payments still owed.
+
+Round trips are counted in the terminal's transport, before any injected fault:
+``resends`` are creates with ``Idempotency-Attempt`` ≥ 2. A killed process loses the
+counts of the payment it was in (a small undercount, stated).
+
+``run_simulation`` wires it for the CLI: server (a subprocess unless ``--url``), API key,
+fleet, ``api.invariants.check_invariants``, and a rich table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from api.invariants import InvariantReport, check_invariants, merchant_for_api_key
+from client_sdk import APIError, Client, Journal, JournalState, PaymentAborted, PaymentInDoubt
+from client_sdk.faults import FaultyTransport
+from loadtest.chaos_proxy import ChaosProxy, ProxyThread
+
+__all__ = [
+    "FleetConfig",
+    "FleetResult",
+    "run_fleet",
+    "run_simulation",
+    "start_server",
+]
+
+VISA = ("4242", "1881", "0077", "5556", "9995")
+DECLINES = ("tok_decline_insufficient_funds", "tok_decline_do_not_honor")
+COUNTERS = ("creates", "resends", "lookups", "aborts", "reversals")
+RECOVER_PASSES = 3
+OnPayment = Callable[[str, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """One fleet run. ``payments`` is per terminal; ``loss`` in [0, 1]."""
+
+    base_url: str
+    api_key: str
+    workdir: Path
+    terminals: int = 4
+    payments: int = 25
+    loss: float = 0.035
+    via_proxy: bool = False
+    kill_clients: bool = False
+    seed: int = 1
+    decline_share: float = 0.05
+    slow_share: float = 0.0
+    deadline_s: float = 30.0
+    timeout_s: float = 5.0
+    base_backoff: float = 0.02
+    max_backoff: float = 0.5
+    abort_grace_s: float = 15.0
+    terminal_prefix: str = "SIM"
+
+    def __post_init__(self) -> None:
+        if self.terminals < 1 or self.payments < 1:
+            raise ValueError("terminals and payments must be >= 1")
+        if not 0.0 <= self.loss <= 1.0:
+            raise ValueError("loss must be in [0, 1]")
+        if self.decline_share + self.slow_share > 1.0:
+            raise ValueError("decline_share + slow_share must be <= 1")
+
+    def journal(self, index: int) -> Path:
+        return self.workdir / f"{self.terminal_id(index)}.db"
+
+    def terminal_id(self, index: int) -> str:
+        return f"{self.terminal_prefix}-{index:04d}"
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "workdir": str(self.workdir)})
+
+    @classmethod
+    def from_json(cls, text: str) -> FleetConfig:
+        data = json.loads(text)
+        return cls(**{**data, "workdir": Path(data["workdir"])})
+
+
+@dataclass
+class FleetResult:
+    """What the fleet saw: each payment's outcome as the SDK reported it, round trips,
+    injected faults, and the journals to check."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    journals: list[Path] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    killed: int = 0
+    recovered: int = 0
+
+    @property
+    def payments(self) -> int:
+        return len(self.outcomes)
+
+    def tally(self) -> Counter[str]:
+        return Counter(self.outcomes.values())
+
+    @property
+    def extra_round_trips(self) -> float:
+        extra = self.counts["lookups"] + self.counts["resends"]
+        return extra / self.payments if self.payments else 0.0
+
+
+class CountingTransport(httpx.BaseTransport):
+    """Counts what the SDK asks for (creates, resends, lookups, aborts, reversals)."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "POST" and path == "/v1/transactions":
+            names = ["creates"]
+            if int(request.headers.get("idempotency-attempt", "1")) > 1:
+                names.append("resends")
+        elif request.method == "GET":
+            names = ["lookups"]
+        elif path.endswith("/abort"):
+            names = ["aborts"]
+        else:
+            names = ["reversals"]
+        with self._lock:
+            self.counts.update(names)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _seed(config: FleetConfig, index: int, salt: str) -> int:
+    return random.Random(f"{config.seed}:{index}:{salt}").getrandbits(32)
+
+
+def _card(rng: random.Random, config: FleetConfig) -> dict[str, str]:
+    roll = rng.random()
+    if roll < config.slow_share:
+        return {"token": "tok_issuer_slow", "last4": "0002", "brand": "visa"}
+    if roll < config.slow_share + config.decline_share:
+        return {"token": rng.choice(DECLINES), "last4": "0341", "brand": "visa"}
+    last4 = rng.choice(VISA)
+    return {"token": f"tok_visa_{last4}", "last4": last4, "brand": "visa"}
+
+
+def _open_client(config: FleetConfig, index: int) -> tuple[Client, CountingTransport]:
+    inner: httpx.BaseTransport = httpx.HTTPTransport()
+    if not config.via_proxy and config.loss > 0:
+        inner = FaultyTransport(
+            inner,
+            seed=_seed(config, index, "link"),
+            drop_request=config.loss * 0.4,
+            drop_response=config.loss * 0.4,
+            reset=config.loss * 0.2,
+        )
+    counting = CountingTransport(inner)
+    client = Client(
+        config.base_url,
+        config.api_key,
+        terminal_id=config.terminal_id(index),
+        journal=config.journal(index),
+        network="gprs",
+        timeout=config.timeout_s,
+        transport=counting,
+        base_backoff=config.base_backoff,
+        max_backoff=config.max_backoff,
+        abort_grace_s=config.abort_grace_s,
+        seed=_seed(config, index, "sdk"),
+    )
+    return client, counting
+
+
+def _link_faults(counting: CountingTransport) -> dict[str, int]:
+    inner = counting.inner
+    return inner.stats if isinstance(inner, FaultyTransport) else {}
+
+
+def _pay(client: Client, rng: random.Random, config: FleetConfig) -> tuple[str, str]:
+    card = _card(rng, config)
+    amount = rng.randint(100, 50_000)
+    try:
+        result = client.purchase(
+            amount=amount, currency="BRL", card=card, deadline_s=config.deadline_s
+        )
+    except PaymentAborted as exc:
+        return exc.key, "aborted"
+    except PaymentInDoubt as exc:
+        return exc.key, "in_doubt"
+    except APIError as exc:  # a rejected request (a 4xx): journaled RESOLVED with the error
+        return f"rejected:{exc.request_id or uuid.uuid4()}", "rejected"
+    return result.id, result.status
+
+
+def _recover(client: Client) -> dict[str, str]:
+    """Settle whatever is left in doubt, like a terminal's next boot (bounded passes)."""
+    settled: dict[str, str] = {}
+    for _ in range(RECOVER_PASSES):
+        if not client.journal.unresolved():
+            break
+        for item in client.recover():
+            if item.transaction is not None:
+                settled[item.key] = item.transaction.status
+            elif item.state is JournalState.ABORTED:
+                settled[item.key] = "aborted"
+            elif item.state is JournalState.RESOLVED:
+                settled[item.key] = "rejected"
+            else:
+                settled[item.key] = "in_doubt"
+    return settled
+
+
+def run_terminal(
+    config: FleetConfig,
+    index: int,
+    *,
+    payments: int | None = None,
+    recover_first: bool = False,
+    on_payment: OnPayment | None = None,
+) -> tuple[dict[str, str], Counter[str], dict[str, int]]:
+    """One terminal: (recover,) sell ``payments``, recover what is left in doubt."""
+    rng = random.Random(_seed(config, index, f"cards:{recover_first}"))
+    outcomes: dict[str, str] = {}
+    client, counting = _open_client(config, index)
+    with client:
+        if recover_first:
+            outcomes.update(_recover(client))
+        for _ in range(config.payments if payments is None else payments):
+            key, status = _pay(client, rng, config)
+            outcomes[key] = status
+            if on_payment is not None:
+                on_payment(key, status)
+        outcomes.update(_recover(client))
+    return outcomes, counting.counts, _link_faults(counting)
+
+
+@contextmanager
+def _link(config: FleetConfig) -> Iterator[tuple[FleetConfig, ProxyThread | None]]:
+    """The fleet's view of the server: direct, or through one shared chaos proxy."""
+    if not config.via_proxy:
+        yield config, None
+        return
+    url = httpx.URL(config.base_url)
+    proxy = ChaosProxy(
+        target_host=url.host,
+        target_port=url.port or 80,
+        seed=config.seed,
+        loss=config.loss,
+        drop_request_ratio=0.5,
+        reset_ratio=0.2,
+    ).run_in_thread()
+    try:
+        yield replace(config, base_url=f"http://127.0.0.1:{proxy.port}"), proxy
+    finally:
+        proxy.stop()
+
+
+def run_fleet(config: FleetConfig, *, console: Console | None = None) -> FleetResult:
+    """Run every terminal to the end; a rich progress bar on ``console`` (stderr)."""
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    result = FleetResult(journals=[config.journal(i) for i in range(config.terminals)])
+    progress = Progress(
+        TextColumn("[bold]fleet"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("payments"),
+        TimeElapsedColumn(),
+        console=console or Console(stderr=True),
+        transient=False,
+    )
+    total = config.terminals * config.payments
+    with _link(config) as (linked, proxy), progress:
+        task = progress.add_task("fleet", total=total)
+        lock = threading.Lock()
+
+        def done(_key: str, _status: str) -> None:
+            with lock:
+                progress.advance(task)
+
+        started = time.perf_counter()
+        runner = _run_processes if config.kill_clients else _run_threads
+        runner(linked, result, done)
+        result.elapsed_s = time.perf_counter() - started
+        if proxy is not None:
+            result.faults.update(proxy.stats)
+    return result
+
+
+def _run_threads(config: FleetConfig, result: FleetResult, done: OnPayment) -> None:
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def terminal(index: int) -> None:
+        try:
+            outcomes, counts, faults = run_terminal(config, index, on_payment=done)
+        except BaseException as exc:  # surfaced after join
+            errors.append(exc)
+            return
+        with lock:
+            result.outcomes.update(outcomes)
+            result.counts.update(counts)
+            result.faults.update(faults)
+
+    threads = [
+        threading.Thread(target=terminal, args=(i,), name=f"terminal-{i}", daemon=True)
+        for i in range(config.terminals)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+# ------------------------------------------------------------------ --kill-clients
+def _victims(config: FleetConfig) -> dict[int, int]:
+    """terminal index → payments it completes before it is killed (a third, at least 1)."""
+    rng = random.Random(f"{config.seed}:victims")
+    chosen = rng.sample(range(config.terminals), max(1, config.terminals // 3))
+    return {i: rng.randint(1, max(1, config.payments - 1)) for i in chosen}
+
+
+def _spawn(
+    config: FleetConfig, index: int, *, payments: int, recover_first: bool
+) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "api.simulate", "--terminal", str(index)]
+    argv += ["--payments", str(payments), "--config", config.to_json()]
+    if recover_first:
+        argv.append("--recover-first")
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+
+def _read_lines(
+    proc: subprocess.Popen[str], result: FleetResult, lock: threading.Lock, done: OnPayment
+) -> Iterator[dict[str, Any]]:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        message = json.loads(line)
+        if "key" in message:
+            with lock:
+                new = message["key"] not in result.outcomes
+                result.outcomes[message["key"]] = message["status"]
+            if new:
+                done(message["key"], message["status"])
+        yield message
+
+
+def _run_processes(config: FleetConfig, result: FleetResult, done: OnPayment) -> None:
+    victims = _victims(config)
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def supervise(index: int) -> None:
+        kill_after = victims.get(index)
+        proc = _spawn(config, index, payments=config.payments, recover_first=False)
+        counts: dict[str, int] = {}
+        sold = 0
+        for message in _read_lines(proc, result, lock, done):
+            counts = message.get("counts", counts)
+            sold += 1 if "key" in message else 0
+            if kill_after is not None and sold >= kill_after:
+                time.sleep(random.Random(f"{config.seed}:{index}").uniform(0.0, 0.02))
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+        proc.wait()
+        with lock:
+            result.counts.update(counts)
+        if kill_after is None:
+            if proc.returncode != 0:
+                errors.append(f"terminal {index} exited {proc.returncode}")
+            return
+        with Journal(config.journal(index)) as journal:
+            started = len(journal.entries())
+        reboot = _spawn(config, index, payments=config.payments - started, recover_first=True)
+        rebooted: dict[str, int] = {}
+        for message in _read_lines(reboot, result, lock, done):
+            rebooted = message.get("counts", rebooted)
+            if message.get("recovered"):
+                with lock:
+                    result.recovered += 1
+        if reboot.wait() != 0:
+            errors.append(f"terminal {index} (rebooted) exited {reboot.returncode}")
+        with lock:
+            result.killed += 1
+            result.counts.update(rebooted)
+
+    threads = [threading.Thread(target=supervise, args=(i,)) for i in range(config.terminals)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+
+
+def _child(argv: list[str]) -> None:
+    """``python -m api.simulate --terminal I --payments K --config JSON [--recover-first]``:
+    one terminal process; prints a JSON line per payment with the cumulative counts."""
+    parser = argparse.ArgumentParser(prog="python -m api.simulate")
+    parser.add_argument("--terminal", type=int, required=True)
+    parser.add_argument("--payments", type=int, required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--recover-first", action="store_true")
+    args = parser.parse_args(argv)
+    config = FleetConfig.from_json(args.config)
+    client, counting = _open_client(config, args.terminal)
+
+    def emit(message: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps({**message, "counts": dict(counting.counts)}) + "\n")
+        sys.stdout.flush()
+
+    rng = random.Random(_seed(config, args.terminal, f"cards:{args.recover_first}"))
+    with client:
+        if args.recover_first:
+            for key, status in _recover(client).items():
+                emit({"key": key, "status": status, "recovered": True})
+        for _ in range(args.payments):
+            key, status = _pay(client, rng, config)
+            emit({"key": key, "status": status})
+        for key, status in _recover(client).items():
+            emit({"key": key, "status": status})
+    emit({"done": True})
+
+
+# ------------------------------------------------------------------ the CLI's run
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def start_server(log_path: Path, *, timeout: float = 60.0) -> Iterator[str]:
+    """``python -m api serve`` on a free loopback port (configured database); its URL."""
+    port = _free_port()
+    env = dict(os.environ)
+    env.setdefault("IDEMPAY_RATE_LIMIT", "100000/second")  # a fleet at full speed, not
+    env.setdefault("IDEMPAY_RATE_LIMIT_TERMINAL", "100000/second")  # terminals' real pace
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api", "serve", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, url, log_path, timeout)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server not ready after {timeout:.0f}s (log: {log_path})")
+
+
+async def _new_api_key(merchant: str) -> str:
+    from api.auth import create_api_key
+    from api.config import Settings
+    from api.db import create_engine
+
+    engine = create_engine(Settings())
+    try:
+        return await create_api_key(engine, merchant)
+    finally:
+        await engine.dispose()
+
+
+async def _check(api_key: str, result: FleetResult) -> InvariantReport:
+    from api.config import Settings
+    from api.db import create_engine
+
+    engine = create_engine(Settings())
+    try:
+        merchant = await merchant_for_api_key(engine, api_key)
+        if merchant is None:
+            raise RuntimeError("the API key is not in the configured database (IDEMPAY_*)")
+        return await check_invariants(
+            engine, merchant_ids=[merchant], reported=result.outcomes, journals=result.journals
+        )
+    finally:
+        await engine.dispose()
+
+
+def run_simulation(
+    config: FleetConfig, *, start: bool, console: Console
+) -> tuple[FleetResult, InvariantReport]:
+    """Start a server (when ``start``) and a merchant key, run the fleet, check §8."""
+    if not start:
+        result = run_fleet(config, console=Console(stderr=True))
+        return result, asyncio.run(_check(config.api_key, result))
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    with start_server(config.workdir / "server.log") as url:
+        api_key = asyncio.run(_new_api_key(f"simulate-{uuid.uuid4().hex[:12]}"))
+        console.print(f"server {url} · journals in {config.workdir}")
+        config = replace(config, base_url=url, api_key=api_key)
+        result = run_fleet(config, console=Console(stderr=True))
+        return result, asyncio.run(_check(api_key, result))
+
+
+def default_workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="idempay-simulate-"))
+
+
+def render(config: FleetConfig, result: FleetResult, report: InvariantReport) -> Table:
+    tally = result.tally()
+    link = "chaos proxy" if config.via_proxy else "fault transport"
+    title = (
+        f"{config.terminals} terminals × {config.payments} payments · loss {config.loss:.1%} "
+        f"via {link}" + (f" · {result.killed} killed, rebooted" if config.kill_clients else "")
+    )
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, str]] = [
+        ("payments", str(result.payments)),
+        ("approved", str(tally["approved"])),
+        ("declined", str(tally["declined"])),
+        ("aborted", str(tally["aborted"])),
+        ("rejected", str(tally["rejected"])),
+        ("retries", str(result.counts["resends"])),
+        ("lookups", str(result.counts["lookups"])),
+        ("aborts sent", str(result.counts["aborts"])),
+        ("in-doubt at end", str(report.journal_open)),
+        ("duplicates", str(report.duplicates)),
+        ("lost", str(report.lost)),
+        ("payments/s", f"{result.payments / result.elapsed_s:.1f}" if result.elapsed_s else "-"),
+        ("extra round trips/payment", f"{result.extra_round_trips:.3f}"),
+        ("faults injected", str(_injected(result.faults))),
+    ]
+    if config.kill_clients:
+        rows.append(("clients killed", str(result.killed)))
+    for name in report.failures:
+        rows.append((f"invariant {name}", "FAIL" if report.failures[name] else "ok"))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _injected(faults: Counter[str]) -> int:
+    ignore = {"requests", "passed", "connections", "tunnels", "upstream_errors"}
+    return sum(count for name, count in faults.items() if name not in ignore)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])

@@ -1,0 +1,266 @@
+"""``make bench``: idempay's create beside its own bypassed baseline, in one run.
+
+    python -m loadtest.bench [--rounds 5] [--seconds 5] [--concurrency 50]
+                             [--json out.json] [--profile]
+
+One private Postgres database (dropped at the end, even on failure), one server
+(``python -m api serve --workers 1`` with ``IDEMPAY_BENCH_BYPASS=true``), and a closed-loop
+aiohttp generator in its own process on the same machine. Scenarios — create, bypassed
+(``POST /_bench/transactions``: the same inserts minus the idempotency layer), replay of
+pre-created keys, lookup of existing keys, and pgbench running the create's SQL when it is
+installed — are measured in alternating rounds (forward, then reversed order, so slow drift
+on a shared machine hits every scenario alike). Only ratios taken side by side in one run
+mean anything here; absolute figures move with the machine's other load.
+
+Exit status 1 when any scenario has more than 0.5 % errors (any unexpected status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from loadtest import _bench_pgbench as pgbench
+from loadtest import _bench_profile as profiling
+from loadtest._bench_driver import SCENARIOS, Load, run_load
+from loadtest._bench_env import (
+    Server,
+    cpu_delta,
+    create_database,
+    drop_database,
+    machine_info,
+    postgres_settings,
+    prepare_database,
+    sample_cpu,
+)
+from loadtest._bench_report import ERROR_BUDGET_PCT, ratios, render, render_profile, summarize
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per scenario per round")
+    parser.add_argument("--concurrency", type=int, default=50, help="closed-loop workers (50)")
+    parser.add_argument("--pool", type=int, default=2000, help="pre-created keys for replay/lookup")
+    parser.add_argument("--warmup", type=float, default=1.0, help="discarded seconds per scenario")
+    parser.add_argument("--json", type=Path, help="write every figure to this file")
+    parser.add_argument("--profile", action="store_true", help="py-spy the server during creates")
+    parser.add_argument("--profile-seconds", type=int, default=10, help="py-spy duration (10)")
+    parser.add_argument("--no-pgbench", action="store_true", help="skip the pgbench ceiling")
+    return parser.parse_args(argv)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, console: Console, workdir: Path) -> None:
+        self.args = args
+        self.console = console
+        self.workdir = workdir
+        self.pgbench = None if args.no_pgbench else pgbench.find()
+        self.rounds: list[dict[str, Any]] = []
+        self.latencies: dict[str, list[float]] = {name: [] for name in SCENARIOS}
+        self.profile: profiling.Profile | None = None
+        self.profile_note = ""
+
+    def run(self, database: str) -> None:
+        self.api_key = prepare_database(database)
+        self.server = Server(database, self.workdir / "server.log")
+        self.server.start()
+        self.database = database
+        self.script = pgbench.write_script(self.workdir) if self.pgbench else None
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as executor:
+            self.executor = executor
+            self._seed()
+            self._warm_up()
+            for number in range(self.args.rounds):
+                order = self.order if number % 2 == 0 else self.order[::-1]
+                for scenario in order:
+                    self._measure(scenario, number)
+            if self.args.profile:
+                self._profile()
+
+    def load(self, scenario: str, seconds: float, pool: tuple[str, ...] = ()) -> Load:
+        return Load(self.server.url, self.api_key, scenario, seconds, self.args.concurrency, pool)
+
+    @property
+    def order(self) -> list[str]:
+        return [*SCENARIOS, *(["pgbench"] if self.pgbench else [])]
+
+    def _seed(self) -> None:
+        self.pool = tuple(str(uuid.uuid4()) for _ in range(self.args.pool))
+        seeded = self.executor.submit(run_load, self.load("seed", 600.0, self.pool)).result()
+        if seeded.errors or seeded.requests != len(self.pool):
+            raise RuntimeError(f"pre-creating the key pool failed: {seeded.statuses}")
+        self.console.print(f"[dim]pre-created {len(self.pool):,} keys for replay and lookup[/]")
+
+    def _warm_up(self) -> None:
+        for scenario in SCENARIOS:
+            self.executor.submit(
+                run_load, self.load(scenario, self.args.warmup, self.pool)
+            ).result()
+        if self.pgbench and self.script:
+            pgbench.run(self.pgbench, self.script, self.database, seconds=1, clients=10, threads=2)
+
+    def _measure(self, scenario: str, number: int) -> None:
+        before = sample_cpu(self.server.pid)
+        if scenario == "pgbench":
+            row = self._pgbench_round()
+        else:
+            result = self.executor.submit(
+                run_load, self.load(scenario, self.args.seconds, self.pool)
+            ).result()
+            self.latencies[scenario].extend(result.latencies_ms)
+            row = {
+                "requests": result.requests,
+                "errors": result.errors,
+                "rate": result.requests / result.elapsed_s,
+                "elapsed_s": result.elapsed_s,
+                "generator_cpu_s": result.cpu_s,
+                "statuses": result.statuses,
+            }
+        row["cpu"] = cpu_delta(before, sample_cpu(self.server.pid))
+        if scenario == "pgbench":
+            row["generator_cpu_s"] = row["cpu"]["children_s"]
+        self.rounds.append({"scenario": scenario, "round": number + 1, **row})
+        self.console.print(
+            f"[dim]round {number + 1}/{self.args.rounds}  {scenario:<9} {row['rate']:>8,.0f}/s"
+            f"  errors {row['errors']}[/]"
+        )
+
+    def _pgbench_round(self) -> dict[str, Any]:
+        assert self.pgbench and self.script
+        seconds = max(1, round(self.args.seconds))
+        result = pgbench.run(
+            self.pgbench, self.script, self.database, seconds=seconds, clients=50, threads=2
+        )
+        if not result.ok:
+            self.console.print(f"[red]pgbench failed:[/] {result.message}")
+        return {
+            "requests": result.transactions,
+            "errors": result.failed + (0 if result.ok else 1),
+            "rate": result.tps,
+            "latency_avg_ms": result.latency_avg_ms,
+        }
+
+    def _profile(self) -> None:
+        py_spy = profiling.find()
+        if py_spy is None:
+            self.profile_note = "py-spy not installed"
+            return
+        seconds = self.args.profile_seconds
+        future = self.executor.submit(run_load, self.load("create", seconds + 3.0))
+        time.sleep(1.5)
+        out = self.workdir / "create.pyspy.txt"
+        spy = profiling.start(py_spy, self.server.pid, seconds, out)
+        spy_output, _ = spy.communicate(timeout=seconds + 60)
+        driven = future.result()
+        if spy.returncode != 0 or not out.exists():
+            self.profile_note = f"py-spy failed: {spy_output.strip()[-500:]}"
+            return
+        self.profile = profiling.parse(out.read_text())
+        self.profile_note = f"{driven.requests:,} creates during the profile"
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for scenario in self.order:
+            rounds = [r for r in self.rounds if r["scenario"] == scenario]
+            if rounds:
+                out[scenario] = summarize(rounds, self.latencies.get(scenario, []))
+                if scenario == "pgbench":
+                    out[scenario]["latency_avg_ms"] = statistics.median(
+                        r["latency_avg_ms"] for r in rounds
+                    )
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)
+    machine = machine_info()
+    started = datetime.now(UTC)
+    database = create_database()
+    try:
+        with tempfile.TemporaryDirectory(prefix="idempay-bench-") as tmp:
+            bench = Bench(args, console, Path(tmp))
+            try:
+                bench.run(database)
+                postgres = postgres_settings(database)
+            finally:
+                if hasattr(bench, "server"):
+                    bench.server.stop()
+    finally:
+        drop_database(database)
+    figures = bench.figures()
+    derived = ratios(figures)
+    title = (
+        f"{started:%Y-%m-%d %H:%M} UTC · {machine['nproc']} cores {machine['cpu_model']} · "
+        f"Python {machine['python']} · Postgres {postgres['version']} · generator on the same "
+        f"machine · concurrency {args.concurrency} · {args.rounds} rounds × {args.seconds:g} s"
+    )
+    pgbench_note = "pgbench not installed" if bench.pgbench is None else ""
+    render(console, figures, derived, {"title": title, "pgbench_note": pgbench_note})
+    if args.profile:
+        if bench.profile is not None:
+            render_profile(console, bench.profile)
+        console.print(bench.profile_note)
+    failed = [
+        n for n, f in figures.items() if f["error_pct"] > ERROR_BUDGET_PCT or not f["requests"]
+    ]
+    if args.json:
+        _write_json(args, bench, machine, postgres, started, figures, derived)
+    if failed:
+        console.print(f"[red]FAILED[/]: errors over {ERROR_BUDGET_PCT} % in {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def _write_json(
+    args: argparse.Namespace,
+    bench: Bench,
+    machine: dict[str, Any],
+    postgres: dict[str, str],
+    started: datetime,
+    figures: dict[str, Any],
+    derived: dict[str, Any],
+) -> None:
+    document: dict[str, Any] = {
+        "command": " ".join(["python -m loadtest.bench", *sys.argv[1:]]),
+        "started_at": started.isoformat(),
+        "machine": {**machine, "generator": "same machine, separate process", "pid": os.getpid()},
+        "postgres": postgres,
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "figures": figures,
+        "ratios": derived,
+        "rounds": bench.rounds,
+    }
+    if bench.profile is not None:
+        document["profile"] = {
+            "samples": bench.profile.samples,
+            "self": bench.profile.top(bench.profile.self_time, 30),
+            "packages": bench.profile.top(bench.profile.packages, 30),
+            "inclusive": bench.profile.top(bench.profile.inclusive, 60),
+        }
+    args.json.write_text(json.dumps(document, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
