@@ -89,9 +89,7 @@ def simulate(
     kill_clients: Annotated[
         bool, typer.Option("--kill-clients", help="SIGKILL some terminal processes mid-run.")
     ] = False,
-    url: Annotated[
-        str | None, typer.Option(help="A running server (default: start one).")
-    ] = None,
+    url: Annotated[str | None, typer.Option(help="A running server (default: start one).")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key for --url.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for faults, cards and jitter.")] = 1,
     slow_share: Annotated[

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import DateTime, MetaData, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase
@@ -111,10 +112,9 @@ async def insert_if_absent(conn: AsyncConnection, model: Any, values: dict[str, 
     On Postgres a concurrent insert of the same key waits for the other transaction and
     then does nothing: the unique index decides, exactly once.
     """
-    dialect = conn.dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
+    if conn.dialect.name == "postgresql":
+        statement: Any = postgresql.insert(model).values(**values).on_conflict_do_nothing()
     else:
-        from sqlalchemy.dialects.sqlite import insert
-    result = await conn.execute(insert(model).values(**values).on_conflict_do_nothing())
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+        statement = sqlite.insert(model).values(**values).on_conflict_do_nothing()
+    result = await conn.execute(statement)
+    return bool(result.rowcount)

@@ -109,8 +109,7 @@ def reported_from_journals(paths: Iterable[str | os.PathLike[str]]) -> dict[str,
     """key → what each journal says the SDK reported: a transaction status, ``aborted``,
     ``error`` (a rejected request) or ``open`` (not definitive)."""
     return {
-        entry.key: _journal_outcome(entry.state, entry.outcome)
-        for entry in _journal_entries(paths)
+        entry.key: _journal_outcome(entry.state, entry.outcome) for entry in _journal_entries(paths)
     }
 
 

@@ -20,11 +20,13 @@ log = structlog.get_logger("idempay.ratelimit")
 
 class RateLimiter:
     def __init__(self, *, per_key: str, per_terminal: str, redis_url: str | None) -> None:
-        storage: Storage = (
-            storage_from_string(f"async+{redis_url}", key_prefix="idempay:rl")
-            if redis_url
-            else MemoryStorage()
-        )
+        storage: Storage
+        if redis_url:
+            remote = storage_from_string(f"async+{redis_url}", key_prefix="idempay:rl")
+            assert isinstance(remote, Storage)
+            storage = remote
+        else:
+            storage = MemoryStorage()
         self._limiter = SlidingWindowCounterRateLimiter(storage)
         self._per_key: RateLimitItem = parse(per_key)
         self._per_terminal: RateLimitItem = parse(per_terminal)

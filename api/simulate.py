@@ -39,17 +39,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from api.invariants import InvariantReport, check_invariants, merchant_for_api_key
 from client_sdk import APIError, Client, Journal, JournalState, PaymentAborted, PaymentInDoubt
 from client_sdk.faults import FaultyTransport
 from loadtest.chaos_proxy import ChaosProxy, ProxyThread
+
+if TYPE_CHECKING:  # the terminal subprocesses import only the SDK side of this module
+    from rich.console import Console
+    from rich.table import Table
+
+    from api.invariants import InvariantReport
 
 __all__ = [
     "FleetConfig",
@@ -292,6 +294,15 @@ def _link(config: FleetConfig) -> Iterator[tuple[FleetConfig, ProxyThread | None
 
 def run_fleet(config: FleetConfig, *, console: Console | None = None) -> FleetResult:
     """Run every terminal to the end; a rich progress bar on ``console`` (stderr)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     config.workdir.mkdir(parents=True, exist_ok=True)
     result = FleetResult(journals=[config.journal(i) for i in range(config.terminals)])
     progress = Progress(
@@ -366,65 +377,86 @@ def _spawn(
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, bufsize=1)
 
 
-def _read_lines(
-    proc: subprocess.Popen[str], result: FleetResult, lock: threading.Lock, done: OnPayment
-) -> Iterator[dict[str, Any]]:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        message = json.loads(line)
-        if "key" in message:
-            with lock:
-                new = message["key"] not in result.outcomes
-                result.outcomes[message["key"]] = message["status"]
-            if new:
-                done(message["key"], message["status"])
-        yield message
+class _Supervisor:
+    """One terminal as processes; a victim is SIGKILLed after ``kill_after`` payments plus
+    a few milliseconds (so mostly mid-payment), then rebooted on the same journal."""
+
+    def __init__(
+        self,
+        config: FleetConfig,
+        index: int,
+        result: FleetResult,
+        lock: threading.Lock,
+        done: OnPayment,
+    ) -> None:
+        self.config, self.index, self.result, self.lock, self.done = (
+            config,
+            index,
+            result,
+            lock,
+            done,
+        )
+        self.errors: list[str] = []
+
+    def run(self, kill_after: int | None) -> None:
+        config = self.config
+        proc = _spawn(config, self.index, payments=config.payments, recover_first=False)
+        self._follow(proc, kill_after)
+        if kill_after is None:
+            return
+        with Journal(config.journal(self.index)) as journal:
+            started = len(journal.entries())
+        reboot = _spawn(
+            config, self.index, payments=config.payments - started, recover_first=True
+        )
+        self._follow(reboot, None)
+        with self.lock:
+            self.result.killed += 1
+
+    def _follow(self, proc: subprocess.Popen[str], kill_after: int | None) -> None:
+        assert proc.stdout is not None
+        last: dict[str, Any] = {}
+        sold = recovered = 0
+        for line in proc.stdout:
+            last = json.loads(line)
+            if "key" in last:
+                sold += 0 if last.get("recovered") else 1
+                recovered += 1 if last.get("recovered") else 0
+                self._record(last["key"], last["status"])
+            if kill_after is not None and sold >= kill_after:
+                jitter = random.Random(f"{self.config.seed}:{self.index}").uniform(0.0, 0.02)
+                time.sleep(jitter)
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+        proc.stdout.close()
+        if proc.wait() != 0 and kill_after is None:
+            self.errors.append(f"terminal {self.index} exited {proc.returncode}")
+        with self.lock:
+            self.result.counts.update(last.get("counts", {}))
+            self.result.faults.update(last.get("faults", {}))
+            self.result.recovered += recovered
+
+    def _record(self, key: str, status: str) -> None:
+        with self.lock:
+            new = key not in self.result.outcomes
+            self.result.outcomes[key] = status
+        if new:
+            self.done(key, status)
 
 
 def _run_processes(config: FleetConfig, result: FleetResult, done: OnPayment) -> None:
     victims = _victims(config)
     lock = threading.Lock()
-    errors: list[str] = []
-
-    def supervise(index: int) -> None:
-        kill_after = victims.get(index)
-        proc = _spawn(config, index, payments=config.payments, recover_first=False)
-        counts: dict[str, int] = {}
-        sold = 0
-        for message in _read_lines(proc, result, lock, done):
-            counts = message.get("counts", counts)
-            sold += 1 if "key" in message else 0
-            if kill_after is not None and sold >= kill_after:
-                time.sleep(random.Random(f"{config.seed}:{index}").uniform(0.0, 0.02))
-                os.kill(proc.pid, signal.SIGKILL)
-                break
-        proc.wait()
-        with lock:
-            result.counts.update(counts)
-        if kill_after is None:
-            if proc.returncode != 0:
-                errors.append(f"terminal {index} exited {proc.returncode}")
-            return
-        with Journal(config.journal(index)) as journal:
-            started = len(journal.entries())
-        reboot = _spawn(config, index, payments=config.payments - started, recover_first=True)
-        rebooted: dict[str, int] = {}
-        for message in _read_lines(reboot, result, lock, done):
-            rebooted = message.get("counts", rebooted)
-            if message.get("recovered"):
-                with lock:
-                    result.recovered += 1
-        if reboot.wait() != 0:
-            errors.append(f"terminal {index} (rebooted) exited {reboot.returncode}")
-        with lock:
-            result.killed += 1
-            result.counts.update(rebooted)
-
-    threads = [threading.Thread(target=supervise, args=(i,)) for i in range(config.terminals)]
+    supervisors = [_Supervisor(config, i, result, lock, done) for i in range(config.terminals)]
+    threads = [
+        threading.Thread(target=s.run, args=(victims.get(i),), name=f"terminal-{i}")
+        for i, s in enumerate(supervisors)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    errors = [error for s in supervisors for error in s.errors]
     if errors:
         raise RuntimeError("; ".join(errors))
 
@@ -442,7 +474,8 @@ def _child(argv: list[str]) -> None:
     client, counting = _open_client(config, args.terminal)
 
     def emit(message: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps({**message, "counts": dict(counting.counts)}) + "\n")
+        totals = {"counts": dict(counting.counts), "faults": _link_faults(counting)}
+        sys.stdout.write(json.dumps({**message, **totals}) + "\n")
         sys.stdout.flush()
 
     rng = random.Random(_seed(config, args.terminal, f"cards:{args.recover_first}"))
@@ -523,6 +556,7 @@ async def _new_api_key(merchant: str) -> str:
 async def _check(api_key: str, result: FleetResult) -> InvariantReport:
     from api.config import Settings
     from api.db import create_engine
+    from api.invariants import check_invariants, merchant_for_api_key
 
     engine = create_engine(Settings())
     try:
@@ -540,6 +574,7 @@ def run_simulation(
     config: FleetConfig, *, start: bool, console: Console
 ) -> tuple[FleetResult, InvariantReport]:
     """Start a server (when ``start``) and a merchant key, run the fleet, check §8."""
+    from rich.console import Console
     if not start:
         result = run_fleet(config, console=Console(stderr=True))
         return result, asyncio.run(_check(config.api_key, result))
@@ -556,16 +591,20 @@ def default_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="idempay-simulate-"))
 
 
-def render(config: FleetConfig, result: FleetResult, report: InvariantReport) -> Table:
-    tally = result.tally()
+def describe(config: FleetConfig, result: FleetResult) -> str:
     link = "chaos proxy" if config.via_proxy else "fault transport"
-    title = (
-        f"{config.terminals} terminals × {config.payments} payments · loss {config.loss:.1%} "
-        f"via {link}" + (f" · {result.killed} killed, rebooted" if config.kill_clients else "")
+    killed = f", {result.killed} killed and rebooted" if config.kill_clients else ""
+    return (
+        f"{config.terminals} terminals × {config.payments} payments, "
+        f"loss {config.loss:.1%} via {link}{killed}, {result.elapsed_s:.1f} s"
     )
-    table = Table(title=title)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+
+
+def render(config: FleetConfig, result: FleetResult, report: InvariantReport) -> Table:
+    """The run as a table: outcomes, round trips, and each SPEC §8 invariant."""
+    from rich.table import Table
+    tally = result.tally()
+    rate = result.payments / result.elapsed_s if result.elapsed_s else 0.0
     rows: list[tuple[str, str]] = [
         ("payments", str(result.payments)),
         ("approved", str(tally["approved"])),
@@ -578,14 +617,19 @@ def render(config: FleetConfig, result: FleetResult, report: InvariantReport) ->
         ("in-doubt at end", str(report.journal_open)),
         ("duplicates", str(report.duplicates)),
         ("lost", str(report.lost)),
-        ("payments/s", f"{result.payments / result.elapsed_s:.1f}" if result.elapsed_s else "-"),
+        ("payments/s", f"{rate:.1f}"),
         ("extra round trips/payment", f"{result.extra_round_trips:.3f}"),
         ("faults injected", str(_injected(result.faults))),
     ]
     if config.kill_clients:
-        rows.append(("clients killed", str(result.killed)))
-    for name in report.failures:
-        rows.append((f"invariant {name}", "FAIL" if report.failures[name] else "ok"))
+        rows += [
+            ("clients killed", str(result.killed)),
+            ("settled by recover() after kill", str(result.recovered)),
+        ]
+    rows += [(f"invariant {name}", "FAIL" if n else "ok") for name, n in report.failures.items()]
+    table = Table(caption=describe(config, result))
+    table.add_column("metric")
+    table.add_column("value", justify="right")
     for name, value in rows:
         table.add_row(name, value)
     return table

@@ -212,12 +212,30 @@ def machine_info() -> dict[str, str | int]:
     except OSError:
         pass
     return {
+        "git": _git_revision(),
         "nproc": len(os.sched_getaffinity(0)),
         "cpu_model": model,
         "python": platform.python_version(),
         "kernel": platform.release(),
         "hostname": platform.node(),
     }
+
+
+def _git_revision() -> str:
+    """HEAD's short hash, ``+dirty`` when the working tree differs (the code measured)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
 
 
 async def _postgres_settings(name: str) -> dict[str, str]:
@@ -233,3 +251,23 @@ async def _postgres_settings(name: str) -> dict[str, str]:
 
 def postgres_settings(name: str) -> dict[str, str]:
     return asyncio.run(_postgres_settings(name))
+
+
+_FREE_SLOTS = """
+SELECT current_setting('max_connections')::int
+     - current_setting('superuser_reserved_connections')::int
+     - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')
+"""
+
+
+async def _free_slots() -> int:
+    conn = await asyncpg.connect(PG_ADMIN)
+    try:
+        return int(await conn.fetchval(_FREE_SLOTS))
+    finally:
+        await conn.close()
+
+
+def free_connection_slots() -> int:
+    """Connections Postgres can still accept (it is shared with everything on the machine)."""
+    return asyncio.run(_free_slots()) + 1  # the probe's own connection is closed by now

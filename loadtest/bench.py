@@ -42,12 +42,16 @@ from loadtest._bench_env import (
     cpu_delta,
     create_database,
     drop_database,
+    free_connection_slots,
     machine_info,
     postgres_settings,
     prepare_database,
     sample_cpu,
 )
 from loadtest._bench_report import ERROR_BUDGET_PCT, ratios, render, render_profile, summarize
+
+PG_HEADROOM = 10  # connections left to everything else on this machine's shared Postgres
+MIN_PGBENCH_CLIENTS = 5
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,7 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--profile", action="store_true", help="py-spy the server during creates")
     parser.add_argument("--profile-seconds", type=int, default=10, help="py-spy duration (10)")
+    parser.add_argument("--profile-raw", type=Path, help="keep py-spy's collapsed stacks here")
     parser.add_argument("--no-pgbench", action="store_true", help="skip the pgbench ceiling")
+    parser.add_argument("--pgbench-clients", type=int, default=50, help="pgbench -c (50)")
     return parser.parse_args(argv)
 
 
@@ -76,6 +82,7 @@ class Bench:
         self.latencies: dict[str, list[float]] = {name: [] for name in SCENARIOS}
         self.profile: profiling.Profile | None = None
         self.profile_note = ""
+        self.pgbench_note = "" if self.pgbench else "pgbench not installed"
 
     def run(self, database: str) -> None:
         self.api_key = prepare_database(database)
@@ -146,14 +153,26 @@ class Bench:
     def _pgbench_round(self) -> dict[str, Any]:
         assert self.pgbench and self.script
         seconds = max(1, round(self.args.seconds))
-        result = pgbench.run(
-            self.pgbench, self.script, self.database, seconds=seconds, clients=50, threads=2
-        )
+        clients = min(self.args.pgbench_clients, free_connection_slots() - PG_HEADROOM)
+        if clients < MIN_PGBENCH_CLIENTS:
+            result = pgbench.PgbenchResult(ok=False, message="Postgres has no free connections")
+        else:
+            result = pgbench.run(
+                self.pgbench,
+                self.script,
+                self.database,
+                seconds=seconds,
+                clients=clients,
+                threads=2,
+            )
         if not result.ok:
-            self.console.print(f"[red]pgbench failed:[/] {result.message}")
+            self.console.print(f"[yellow]pgbench round skipped:[/] {result.message}")
+            self.pgbench_note = result.message.splitlines()[-1] if result.message else "failed"
         return {
+            "ok": result.ok,
+            "clients": clients,
             "requests": result.transactions,
-            "errors": result.failed + (0 if result.ok else 1),
+            "errors": result.failed,
             "rate": result.tps,
             "latency_avg_ms": result.latency_avg_ms,
         }
@@ -173,19 +192,22 @@ class Bench:
         if spy.returncode != 0 or not out.exists():
             self.profile_note = f"py-spy failed: {spy_output.strip()[-500:]}"
             return
+        if self.args.profile_raw:
+            self.args.profile_raw.write_text(out.read_text())
         self.profile = profiling.parse(out.read_text())
         self.profile_note = f"{driven.requests:,} creates during the profile"
 
     def figures(self) -> dict[str, dict[str, Any]]:
         out = {}
         for scenario in self.order:
-            rounds = [r for r in self.rounds if r["scenario"] == scenario]
+            rounds = [r for r in self.rounds if r["scenario"] == scenario and r.get("ok", True)]
             if rounds:
                 out[scenario] = summarize(rounds, self.latencies.get(scenario, []))
                 if scenario == "pgbench":
                     out[scenario]["latency_avg_ms"] = statistics.median(
                         r["latency_avg_ms"] for r in rounds
                     )
+                    out[scenario]["clients"] = sorted({r["clients"] for r in rounds})
         return out
 
 
@@ -212,18 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     figures = bench.figures()
     derived = ratios(figures)
     title = (
-        f"{started:%Y-%m-%d %H:%M} UTC · {machine['nproc']} cores {machine['cpu_model']} · "
+        f"{started:%Y-%m-%d %H:%M} UTC · git {machine['git']} · "
+        f"{machine['nproc']} cores {machine['cpu_model']} · "
         f"Python {machine['python']} · Postgres {postgres['version']} · generator on the same "
         f"machine · concurrency {args.concurrency} · {args.rounds} rounds × {args.seconds:g} s"
     )
-    pgbench_note = "pgbench not installed" if bench.pgbench is None else ""
-    render(console, figures, derived, {"title": title, "pgbench_note": pgbench_note})
+    render(console, figures, derived, {"title": title, "pgbench_note": bench.pgbench_note})
     if args.profile:
         if bench.profile is not None:
             render_profile(console, bench.profile)
         console.print(bench.profile_note)
     failed = [
-        n for n, f in figures.items() if f["error_pct"] > ERROR_BUDGET_PCT or not f["requests"]
+        name
+        for name in SCENARIOS
+        if name not in figures
+        or figures[name]["error_pct"] > ERROR_BUDGET_PCT
+        or not figures[name]["requests"]
     ]
     if args.json:
         _write_json(args, bench, machine, postgres, started, figures, derived)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, Unpack
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, Row, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api.db import insert_if_absent
@@ -58,13 +59,17 @@ _COLUMNS = (
 )
 
 
-def _where(merchant_id: str, key: str) -> tuple[object, ...]:
+def _record(row: Row[Unpack[tuple[Any, ...]]]) -> KeyRecord:
+    return KeyRecord(**row._asdict())
+
+
+def _where(merchant_id: str, key: str) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
     return (IdempotencyKey.merchant_id == merchant_id, IdempotencyKey.key == key)
 
 
 async def get(conn: AsyncConnection, merchant_id: str, key: str) -> KeyRecord | None:
     row = (await conn.execute(select(*_COLUMNS).where(*_where(merchant_id, key)))).first()
-    return KeyRecord(*row) if row else None
+    return _record(row) if row else None
 
 
 async def claim(
@@ -176,7 +181,7 @@ async def take_over(
             updated_at=now,
         )
     )
-    return record.lease_token + 1 if result.rowcount else None  # type: ignore[attr-defined]
+    return record.lease_token + 1 if result.rowcount else None
 
 
 async def complete(
@@ -206,7 +211,7 @@ async def complete(
             updated_at=now,
         )
     )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return bool(result.rowcount)
 
 
 async def fence_owned(
@@ -222,7 +227,7 @@ async def fence_owned(
         )
         .values(state=ABORTED, request=None, lease_until=None, updated_at=now)
     )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return bool(result.rowcount)
 
 
 async def release(
@@ -247,4 +252,4 @@ async def expired_leases(conn: AsyncConnection, *, now: datetime, limit: int) ->
         .order_by(IdempotencyKey.lease_until)
         .limit(limit)
     )
-    return [KeyRecord(*row) for row in rows]
+    return [_record(row) for row in rows]

@@ -104,7 +104,7 @@ async def reverse(conn: AsyncConnection, txn: Row[Any], *, now: datetime) -> boo
         )
         .values(status="reversed", reversed_at=now)
     )
-    if not result.rowcount:  # type: ignore[attr-defined]
+    if not result.rowcount:
         return False
     _, signed = _ledger_amount(txn.type, txn.amount)
     await conn.execute(

@@ -71,11 +71,11 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
                 conn, record, now=now, lease_s=service.settings.lease_seconds
             )
         if token is not None:
-            body = TransactionCreate.model_validate_json(record.request or "{}")
+            request = TransactionCreate.model_validate_json(record.request or "{}")
             await service.issuer.void(
                 service.issuer_key(record.merchant_id, key),
-                amount=body.amount,
-                currency=body.currency,
+                amount=request.amount,
+                currency=request.currency,
             )
             async with atomic(service.engine) as conn:
                 await store.fence_owned(
