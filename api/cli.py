@@ -131,5 +131,81 @@ def simulate(
     console.print("[green]all invariants hold[/]")
 
 
+@app.command()
+def relay(
+    once: Annotated[bool, typer.Option("--once", help="Publish one batch and exit.")] = False,
+) -> None:
+    """Publish outbox events to the Redis Stream (at least once, in order per merchant)."""
+    from api.db import create_engine
+    from api.main import create_redis
+    from api.outbox.relay import Relay
+
+    settings = Settings()
+    if not settings.redis_url:
+        raise typer.BadParameter("the relay publishes to Redis: set IDEMPAY_REDIS_URL")
+
+    async def run() -> None:
+        engine = create_engine(settings)
+        redis = create_redis(settings)
+        worker = Relay(
+            engine,
+            redis,
+            stream=settings.outbox_stream,
+            batch=settings.relay_batch,
+            mark_delay=settings.relay_mark_delay,
+        )
+        try:
+            if once:
+                typer.echo(f"published {await worker.run_once()}")
+            else:
+                await worker.run_forever()
+        finally:
+            await engine.dispose()
+            if redis is not None:
+                await redis.aclose()
+
+    asyncio.run(run())
+
+
+@app.command()
+def completer() -> None:
+    """Run only the completer (re-drive or fence keys whose lease expired)."""
+    from api.idempotency.completer import Completer
+    from api.main import build_context
+
+    settings = Settings()
+
+    async def run() -> None:
+        ctx = build_context(settings)
+        try:
+            await Completer(ctx.service, interval=settings.completer_interval).run_forever()
+        finally:
+            await ctx.engine.dispose()
+
+    asyncio.run(run())
+
+
+@app.command()
+def purge() -> None:
+    """Apply the retention policy now (tombstones, exported request events, sent outbox)."""
+    from api.db import create_engine
+    from api.retention import purge as run_purge
+
+    settings = Settings()
+
+    async def run() -> None:
+        engine = create_engine(settings)
+        try:
+            report = await run_purge(engine, retention_seconds=settings.tombstone_retention)
+        finally:
+            await engine.dispose()
+        typer.echo(
+            f"purged tombstones={report.tombstones} request_events={report.request_events} "
+            f"outbox_events={report.outbox_events}"
+        )
+
+    asyncio.run(run())
+
+
 def main() -> None:
     app()

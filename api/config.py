@@ -26,6 +26,23 @@ class Settings(BaseSettings):
     )
     var_dir: Path = Field(default=DEFAULT_SQLITE_DIR, description="Embedded data directory.")
     redis_url: str | None = Field(default=None, description="Optional Redis (advisory only).")
+    redis_prefix: str = Field(default="idempay:", description="Prefix of every Redis key.")
+    redis_pool_size: int = Field(default=64, ge=1, description="Redis connections per worker.")
+    redis_timeout: float = Field(
+        default=0.25, gt=0, description="Redis socket and pool-wait timeout (s); then degrade."
+    )
+    cache_ttl: float = Field(default=86_400.0, gt=0, description="Completed-response cache TTL.")
+    lookup_cache_ttl: float = Field(
+        default=30.0, gt=0, description="Lookup cache TTL (bounds staleness after a reversal)."
+    )
+    outbox_stream: str = Field(default="idempay:outbox", description="Redis Stream of events.")
+    relay_batch: int = Field(default=500, ge=1, description="Outbox events per relay batch.")
+    relay_mark_delay: float = Field(
+        default=0.0, ge=0, description="Fault injection for tests: pause between publish and mark."
+    )
+    purge_interval: float = Field(
+        default=3600.0, gt=0, description="Seconds between retention purges (in-process)."
+    )
     secret_key: str = Field(
         default="idempay-dev-secret-change-me",
         description="Keys the card fingerprint HMAC and the issuer key derivation.",

@@ -21,6 +21,7 @@ from api.context import AppContext
 from api.db import create_engine
 from api.errors import ApiError, problem_response
 from api.events.writer import EventWriter
+from api.idempotency.cache import ResponseCache
 from api.idempotency.completer import Completer
 from api.logs import configure_logging
 from api.ops import router as ops_router
@@ -66,25 +67,45 @@ class RequestIdMiddleware:
             structlog.contextvars.unbind_contextvars("request_id")
 
 
+def create_redis(settings: Settings) -> Any | None:
+    """A Redis client sized for bursts: a blocking pool (wait briefly for a connection
+    instead of failing), short socket timeouts, so a sick Redis degrades quickly."""
+    if not settings.redis_url:
+        return None
+    import redis.asyncio as aioredis
+
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_pool_size,
+        timeout=settings.redis_timeout,
+        socket_timeout=settings.redis_timeout,
+        socket_connect_timeout=settings.redis_timeout,
+        health_check_interval=30,
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
 def build_context(settings: Settings) -> AppContext:
     engine = create_engine(settings)
     issuer = SimulatedIssuer(engine, slow_seconds=settings.issuer_slow_seconds)
-    redis = None
-    if settings.redis_url:
-        import redis.asyncio as aioredis
-
-        redis = aioredis.from_url(
-            settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5, max_connections=64
-        )
+    redis = create_redis(settings)
+    cache = ResponseCache(
+        redis,
+        prefix=settings.redis_prefix,
+        ttl=settings.cache_ttl,
+        lookup_ttl=settings.lookup_cache_ttl,
+        busy_ttl=settings.lease_seconds,
+    )
     return AppContext(
         settings=settings,
         engine=engine,
-        service=TransactionService(engine, issuer, settings),
+        service=TransactionService(engine, issuer, settings, cache=cache),
         auth=Authenticator(engine),
         limiter=RateLimiter(
             per_key=settings.rate_limit,
             per_terminal=settings.rate_limit_terminal,
             redis_url=settings.redis_url,
+            prefix=f"{settings.redis_prefix}rl",
         ),
         events=EventWriter(
             engine,
@@ -94,6 +115,23 @@ def build_context(settings: Settings) -> AppContext:
         ),
         redis=redis,
     )
+
+
+async def _purge_forever(ctx: AppContext) -> None:
+    from api.retention import purge
+
+    while True:
+        await asyncio.sleep(ctx.settings.purge_interval)
+        try:
+            report = await purge(ctx.engine, retention_seconds=ctx.settings.tombstone_retention)
+            log.info(
+                "retention_purge",
+                tombstones=report.tombstones,
+                request_events=report.request_events,
+                outbox_events=report.outbox_events,
+            )
+        except Exception as exc:  # storage down: next interval
+            log.warning("retention_purge_failed", error=type(exc).__name__)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -109,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             completer = Completer(ctx.service, interval=settings.completer_interval)
             app.state.completer = completer
             tasks.append(asyncio.create_task(completer.run_forever(), name="completer"))
+        tasks.append(asyncio.create_task(_purge_forever(ctx), name="retention"))
         try:
             yield
         finally:

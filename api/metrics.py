@@ -22,3 +22,6 @@ RECOVERIES = Counter(
     "idempay_recoveries_total", "Keys taken over by the completer, by result.", ["result"]
 )
 EVENTS_DROPPED = Counter("idempay_events_dropped_total", "Request events dropped (queue full).")
+CACHE = Counter("idempay_cache_total", "Redis response cache lookups by result.", ["result"])
+OUTBOX_PUBLISHED = Counter("idempay_outbox_published_total", "Outbox events published.")
+PURGED = Counter("idempay_purged_total", "Rows purged by retention, by table.", ["table"])

@@ -140,3 +140,33 @@ class IssuerAuthorization(Base):
     calls: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     voided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class MerchantOutboxSeq(Base):
+    """Per-merchant outbox sequence: taken under the row lock at the end of the transaction,
+    so a merchant's sequence numbers follow commit order with no gaps."""
+
+    __tablename__ = "merchant_outbox_seq"
+    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+
+
+class OutboxEvent(Base):
+    """Written in the same transaction as the change it announces; published by the relay."""
+
+    __tablename__ = "outbox_event"
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    event_id: Mapped[str] = mapped_column(String(36), unique=True)
+    merchant_id: Mapped[str] = mapped_column(String(40))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    type: Mapped[str] = mapped_column(String(32))
+    transaction_id: Mapped[str] = mapped_column(String(36))
+    payload: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    __table_args__ = (
+        UniqueConstraint("merchant_id", "seq", name="uq_outbox_event_merchant_seq"),
+        Index("ix_outbox_event_unsent", "sent_at", "merchant_id", "seq"),
+    )

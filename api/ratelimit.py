@@ -19,10 +19,14 @@ log = structlog.get_logger("idempay.ratelimit")
 
 
 class RateLimiter:
-    def __init__(self, *, per_key: str, per_terminal: str, redis_url: str | None) -> None:
+    def __init__(
+        self, *, per_key: str, per_terminal: str, redis_url: str | None, prefix: str
+    ) -> None:
         storage: Storage
         if redis_url:
-            remote = storage_from_string(f"async+{redis_url}", key_prefix="idempay:rl")
+            remote = storage_from_string(
+                f"async+{redis_url}", implementation="redispy", key_prefix=prefix
+            )
             assert isinstance(remote, Storage)
             storage = remote
         else:

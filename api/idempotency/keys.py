@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import BaseModel
 
 from api.errors import ApiError
 
@@ -42,3 +45,15 @@ def fingerprint(canonical_body: dict[str, Any]) -> str:
     """sha256 of the canonical JSON body (validated, defaults applied, keys sorted)."""
     text = json.dumps(canonical_body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def body_fingerprint(body: BaseModel) -> str:
+    return fingerprint(body.model_dump(mode="json"))
+
+
+def uuid7_time(key: str) -> datetime | None:
+    """When a UUIDv7 key was minted (its 48-bit Unix-ms prefix); None for other versions."""
+    if len(key) != 36 or key[14] != "7":
+        return None
+    millis = int(key[:8] + key[9:13], 16)
+    return datetime.fromtimestamp(millis / 1000, UTC)

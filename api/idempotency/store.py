@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Unpack
+from typing import Any
 
 from sqlalchemy import ColumnElement, Row, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -59,7 +59,7 @@ _COLUMNS = (
 )
 
 
-def _record(row: Row[Unpack[tuple[Any, ...]]]) -> KeyRecord:
+def _record(row: Row[*tuple[Any, ...]]) -> KeyRecord:
     return KeyRecord(**row._asdict())
 
 

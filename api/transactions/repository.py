@@ -41,9 +41,13 @@ def iso(moment: datetime | None) -> str | None:
     return moment.isoformat().replace("+00:00", "Z")
 
 
-def render(txn: NewTransaction | Any, *, status: str | None = None) -> str:
+def render(txn: NewTransaction | Any) -> str:
     """The transaction body of SPEC §2, serialized once (replays return these bytes)."""
-    body = {
+    return json.dumps(body_of(txn), separators=(",", ":"))
+
+
+def body_of(txn: NewTransaction | Any, *, status: str | None = None) -> dict[str, Any]:
+    return {
         "id": txn.id,
         "status": status or txn.status,
         "decline_reason": txn.decline_reason,
@@ -58,7 +62,6 @@ def render(txn: NewTransaction | Any, *, status: str | None = None) -> str:
         "processed_at": iso(txn.processed_at),
         "reversed_at": iso(getattr(txn, "reversed_at", None)),
     }
-    return json.dumps(body, separators=(",", ":"))
 
 
 def _ledger_amount(txn_type: str, amount: int) -> tuple[str, int]:

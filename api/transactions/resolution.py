@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from api.db import atomic, utcnow
 from api.errors import ApiError
 from api.idempotency import store
 from api.idempotency.store import KeyRecord
+from api.outbox import writer as outbox
 from api.transactions import repository
 from api.transactions.outcome import Outcome, from_error, key_state_body
 from api.transactions.schemas import TransactionCreate
@@ -24,12 +27,16 @@ async def _current_body(service: TransactionService, record: KeyRecord) -> bytes
 
 
 async def lookup(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+    cached = await service.cache.get_lookup(merchant_id, key)
+    if cached is not None:
+        return Outcome(200, cached, "found", "processed")
     record = await service.read(merchant_id, key)
     if record is None:
         return from_error(NOT_FOUND, event="not_found", idempotency_status="not_found")
     terminal = record.terminal_id
     if record.state == store.COMPLETED:
         body = await _current_body(service, record)
+        await service.cache.put_lookup(merchant_id, key, body)
         return Outcome(200, body, "found", "processed", terminal_id=terminal)
     if record.state == store.PROCESSING:
         return service.processing(key, terminal, "processing")
@@ -43,10 +50,20 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
 async def abort(service: TransactionService, merchant_id: str, key: str) -> Outcome:
     record = await service.read(merchant_id, key)
     if record is None:
+        now = utcnow()
         async with atomic(service.engine) as conn:
             fenced = await store.fence(
-                conn, merchant_id=merchant_id, key=key, state=store.ABORTED, now=utcnow()
+                conn, merchant_id=merchant_id, key=key, state=store.ABORTED, now=now
             )
+            if fenced:
+                await outbox.append(
+                    conn,
+                    merchant_id=merchant_id,
+                    event_type=outbox.ABORTED,
+                    transaction_id=key,
+                    data={"id": key, "status": "aborted"},
+                    now=now,
+                )
         if fenced:
             return Outcome(200, key_state_body(key, "aborted"), "aborted", "aborted")
         record = await service.read(merchant_id, key)
@@ -77,10 +94,7 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
                 amount=request.amount,
                 currency=request.currency,
             )
-            async with atomic(service.engine) as conn:
-                await store.fence_owned(
-                    conn, merchant_id=record.merchant_id, key=key, token=token, now=utcnow()
-                )
+            await service.fence_owned(record, token)
             again = await service.read(record.merchant_id, key)
             if again is not None and again.state != store.PROCESSING:
                 return await _abort_existing(service, again)
@@ -115,6 +129,7 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
         return from_error(
             error, event="rejected", idempotency_status=record.state, terminal_id=terminal
         )
+    await service.cache.drop_lookup(merchant_id, key)
     async with atomic(service.engine) as conn:
         txn = await repository.get(conn, merchant_id, key)
         if txn is None:
@@ -124,11 +139,26 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
             return from_error(
                 error, event="rejected", idempotency_status="processed", terminal_id=terminal
             )
-        reversed_now = await repository.reverse(conn, txn, now=utcnow())
-    if reversed_now:
-        await service.issuer.void(
-            service.issuer_key(merchant_id, key), amount=txn.amount, currency=txn.currency
-        )
+        now = utcnow()
+        reversed_now = await repository.reverse(conn, txn, now=now)
+        if reversed_now:
+            data = repository.body_of(txn, status="reversed")
+            data["reversed_at"] = repository.iso(now)
+            await outbox.append(
+                conn,
+                merchant_id=merchant_id,
+                event_type=outbox.REVERSED,
+                transaction_id=key,
+                data=data,
+                now=now,
+            )
+    await service.cache.drop_lookup(merchant_id, key)
+    if reversed_now:  # the reversal is committed; telling the issuer is best effort here and
+        # carried by the outbox's transaction.reversed event for the acquirer connector
+        with contextlib.suppress(Exception):
+            await service.issuer.void(
+                service.issuer_key(merchant_id, key), amount=txn.amount, currency=txn.currency
+            )
     body = await _current_body(service, record)
     event = "reversed" if reversed_now else "already_reversed"
     return Outcome(200, body, event, "processed", terminal_id=terminal)

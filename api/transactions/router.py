@@ -14,7 +14,7 @@ from api.context import AppContext
 from api.db import utcnow
 from api.errors import PROBLEM_JSON, ApiError, problem_body
 from api.events.writer import Event
-from api.idempotency.keys import fingerprint, parse_key, parse_uuid
+from api.idempotency.keys import body_fingerprint, parse_key, parse_uuid
 from api.metrics import CONFLICTS, LATENCY, REPLAYS, REQUESTS
 from api.storage_errors import STORAGE_ERRORS
 from api.transactions import resolution
@@ -128,7 +128,7 @@ async def create_transaction(
         call.key = parse_key(idempotency_key)
         body = decode(await read_body(request))
         await ctx.limiter.check(key_hash, body.terminal_id)
-        digest = fingerprint(body.model_dump(mode="json"))
+        digest = body_fingerprint(body)
         return await ctx.service.create(call.merchant_id, call.key, body, digest)
 
     return await call.run(work, "rejected")

@@ -21,7 +21,10 @@ from api.config import Settings
 from api.db import atomic, utcnow
 from api.errors import ApiError
 from api.idempotency import store
+from api.idempotency.cache import ResponseCache
+from api.idempotency.keys import body_fingerprint, uuid7_time
 from api.idempotency.store import KeyRecord
+from api.outbox import writer as outbox
 from api.transactions import repository
 from api.transactions.issuer import (
     Authorization,
@@ -38,10 +41,18 @@ class _KeyTaken(Exception):
 
 
 class TransactionService:
-    def __init__(self, engine: AsyncEngine, issuer: Issuer, settings: Settings) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        issuer: Issuer,
+        settings: Settings,
+        *,
+        cache: ResponseCache | None = None,
+    ) -> None:
         self.engine = engine
         self.issuer = issuer
         self.settings = settings
+        self.cache = cache or ResponseCache(None, prefix="", ttl=1, lookup_ttl=1, busy_ttl=1)
         self.in_flight = 0
 
     # ----------------------------------------------------------------- helpers
@@ -74,25 +85,38 @@ class TransactionService:
     async def create(
         self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str
     ) -> Outcome:
+        cached, busy = await self.cache.before_create(merchant_id, key)
+        if cached is not None:  # a committed answer: replay it, or refuse a different body
+            return self._answer_completed(
+                cached.fingerprint, fingerprint, cached.status, cached.body, cached.terminal_id
+            )
+        if busy == fingerprint:
+            return self._in_progress(body.terminal_id)
         now = utcnow()
         request = body.model_dump_json()
         claimed = False
+        outcome: Outcome | None = None
         try:
             async with atomic(self.engine) as conn:
                 record = await store.get(conn, merchant_id, key)
-                if record is None and not self._too_late(body, now):
+                if record is None and not self._too_late(body, key, now):
                     if self.issuer.answers_inline(body.card.token):
-                        return await self._process_inline(
+                        outcome = await self._process_inline(
                             conn, merchant_id, key, body, fingerprint, now
                         )
-                    claimed = await self._claim(
-                        conn, merchant_id, key, body, fingerprint, request, now
-                    )
-                    if not claimed:
-                        raise _KeyTaken
+                    else:
+                        claimed = await self._claim(
+                            conn, merchant_id, key, body, fingerprint, request, now
+                        )
+                        if not claimed:
+                            raise _KeyTaken
         except _KeyTaken:  # a concurrent request won the key between our read and insert
             record = await self._must_read(merchant_id, key)
+        if outcome is not None:
+            await self.remember(merchant_id, key, fingerprint, outcome)
+            return outcome
         if claimed:
+            await self.cache.mark_busy(merchant_id, key, fingerprint)
             return await self.drive(
                 merchant_id, key, body, token=1, created_at=now, event="created"
             )
@@ -100,11 +124,70 @@ class TransactionService:
             return await self.existing(record, fingerprint)
         return await self._fence_expired(merchant_id, key, body, fingerprint, now)
 
-    def _too_late(self, body: TransactionCreate, now: datetime) -> bool:
+    async def remember(
+        self, merchant_id: str, key: str, fingerprint: str, outcome: Outcome
+    ) -> None:
+        """After commit: let Redis answer the next replay (advisory, best effort)."""
+        await self.cache.put_response(
+            merchant_id,
+            key,
+            fingerprint=fingerprint,
+            status=outcome.status,
+            body=outcome.body,
+            terminal_id=outcome.terminal_id,
+        )
+
+    def _answer_completed(
+        self,
+        stored_fp: str | None,
+        fingerprint: str,
+        status: int,
+        body: bytes,
+        terminal_id: str | None,
+    ) -> Outcome:
+        if stored_fp != fingerprint:
+            return from_error(
+                ApiError(
+                    422,
+                    "idempotency_key_reused",
+                    "This Idempotency-Key was used with a different request body.",
+                ),
+                event="key_reused",
+                idempotency_status="processed",
+                terminal_id=terminal_id,
+            )
+        return Outcome(
+            status,
+            body,
+            "replayed",
+            "replayed",
+            {"Idempotent-Replayed": "true"},
+            terminal_id=terminal_id,
+        )
+
+    def _in_progress(self, terminal_id: str | None) -> Outcome:
+        return from_error(
+            ApiError(
+                409,
+                "request_in_progress",
+                "A request with this key is being processed; retry after Retry-After.",
+                headers=self.retry_after(),
+            ),
+            event="in_progress",
+            idempotency_status="in_progress",
+            terminal_id=terminal_id,
+        )
+
+    def _too_late(self, body: TransactionCreate, key: str, now: datetime) -> bool:
+        """Expired, or older than the tombstone window (by captured_at, or by the time a
+        UUIDv7 key was minted): such a request could outlive its tombstone (SPEC §3.5)."""
         if body.expires_at is not None and body.expires_at <= now:
             return True
-        window = timedelta(seconds=self.settings.tombstone_retention)
-        return body.captured_at is not None and body.captured_at < now - window
+        oldest = now - timedelta(seconds=self.settings.tombstone_retention)
+        if body.captured_at is not None and body.captured_at < oldest:
+            return True
+        minted = uuid7_time(key)
+        return minted is not None and minted < oldest
 
     async def _claim(
         self,
@@ -160,7 +243,18 @@ class TransactionService:
         if not inserted:
             raise _KeyTaken
         await repository.insert_transaction(conn, txn)
+        await self._announce(conn, txn)
         return Outcome(201, text.encode(), "created", "created", terminal_id=body.terminal_id)
+
+    async def _announce(self, conn: AsyncConnection, txn: repository.NewTransaction) -> None:
+        await outbox.append(
+            conn,
+            merchant_id=txn.merchant_id,
+            event_type=outbox.COMPLETED,
+            transaction_id=txn.id,
+            data=repository.body_of(txn),
+            now=txn.processed_at,
+        )
 
     def auth_request(
         self, merchant_id: str, key: str, body: TransactionCreate
@@ -229,6 +323,7 @@ class TransactionService:
         if not won:
             return None
         await repository.insert_transaction(conn, txn)
+        await self._announce(conn, txn)
         return text
 
     async def drive(
@@ -258,13 +353,17 @@ class TransactionService:
             self.in_flight -= 1
         async with atomic(self.engine) as conn:
             text = await self._finish(conn, merchant_id, key, body, auth, token, created_at)
+        await self.cache.clear_busy(merchant_id, key)
         if text is None:  # someone took the key over: answer with the winner's result
             record = await self._must_read(merchant_id, key)
             return await self.existing(record, record.fingerprint or "")
-        return Outcome(201, text.encode(), event, "created", terminal_id=body.terminal_id)
+        outcome = Outcome(201, text.encode(), event, "created", terminal_id=body.terminal_id)
+        await self.remember(merchant_id, key, body_fingerprint(body), outcome)
+        return outcome
 
     async def _hand_over(self, merchant_id: str, key: str, token: int) -> None:
         """Expire our lease now so the completer (or a retry) re-drives the key."""
+        await self.cache.clear_busy(merchant_id, key)
         try:
             async with atomic(self.engine) as conn:
                 await store.release(
@@ -336,14 +435,15 @@ class TransactionService:
                 terminal_id=terminal,
             )
         if record.state == store.COMPLETED:
-            return Outcome(
+            outcome = self._answer_completed(
+                record.fingerprint,
+                fingerprint,
                 record.response_status or 201,
                 (record.response_body or "").encode(),
-                "replayed",
-                "replayed",
-                {"Idempotent-Replayed": "true"},
-                terminal_id=terminal,
+                terminal,
             )
+            await self.remember(record.merchant_id, record.key, fingerprint, outcome)
+            return outcome
         now = utcnow()
         if record.lease_live(now):
             return from_error(
@@ -396,8 +496,21 @@ class TransactionService:
             amount=body.amount,
             currency=body.currency,
         )
-        async with atomic(self.engine) as conn:
-            await store.fence_owned(
-                conn, merchant_id=record.merchant_id, key=record.key, token=token, now=utcnow()
-            )
+        await self.fence_owned(record, token)
         return None
+
+    async def fence_owned(self, record: KeyRecord, token: int) -> None:
+        """Turn a key we own into an aborted tombstone, announced in the same transaction."""
+        now = utcnow()
+        async with atomic(self.engine) as conn:
+            if await store.fence_owned(
+                conn, merchant_id=record.merchant_id, key=record.key, token=token, now=now
+            ):
+                await outbox.append(
+                    conn,
+                    merchant_id=record.merchant_id,
+                    event_type=outbox.ABORTED,
+                    transaction_id=record.key,
+                    data={"id": record.key, "status": "aborted"},
+                    now=now,
+                )

@@ -1,0 +1,102 @@
+"""Retention (SPEC §3.5, README "Retention policy").
+
+Processed keys live as long as their transactions (forever). Tombstones (``aborted``,
+``expired``) and request events are deleted after ``IDEMPAY_TOMBSTONE_RETENTION``; events
+only once exported to the lake. Because creates older than the same window are refused
+(``captured_at``, or the mint time of a UUIDv7 key), no late original can outlive its
+tombstone. Purges run in bounded batches so they never hold long locks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from api.db import atomic, utcnow
+from api.idempotency.store import ABORTED, EXPIRED
+from api.metrics import PURGED
+from api.models import IdempotencyKey, OutboxEvent, RequestEvent
+
+BATCH = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeReport:
+    tombstones: int
+    request_events: int
+    outbox_events: int
+
+
+async def purge(
+    engine: AsyncEngine, *, retention_seconds: float, now: datetime | None = None
+) -> PurgeReport:
+    cutoff = (now or utcnow()) - timedelta(seconds=retention_seconds)
+    tombstones = await _purge_keys(engine, cutoff)
+    events = await _purge_events(engine, cutoff)
+    outbox = await _purge_outbox(engine, cutoff)
+    PURGED.labels("idempotency_key").inc(tombstones)
+    PURGED.labels("request_event").inc(events)
+    PURGED.labels("outbox_event").inc(outbox)
+    return PurgeReport(tombstones, events, outbox)
+
+
+async def _purge_keys(engine: AsyncEngine, cutoff: datetime) -> int:
+    total = 0
+    while True:
+        async with atomic(engine) as conn:
+            rows = (
+                await conn.execute(
+                    select(IdempotencyKey.merchant_id, IdempotencyKey.key)
+                    .where(
+                        IdempotencyKey.state.in_((ABORTED, EXPIRED)),
+                        IdempotencyKey.updated_at < cutoff,
+                    )
+                    .limit(BATCH)
+                )
+            ).all()
+            if rows:
+                pairs = [(row.merchant_id, row.key) for row in rows]
+                await conn.execute(
+                    delete(IdempotencyKey).where(
+                        tuple_(IdempotencyKey.merchant_id, IdempotencyKey.key).in_(pairs),
+                        IdempotencyKey.state.in_((ABORTED, EXPIRED)),
+                    )
+                )
+        total += len(rows)
+        if len(rows) < BATCH:
+            return total
+
+
+async def _purge_events(engine: AsyncEngine, cutoff: datetime) -> int:
+    total = 0
+    while True:
+        async with atomic(engine) as conn:
+            ids = (
+                (
+                    await conn.execute(
+                        select(RequestEvent.event_id)
+                        .where(RequestEvent.ts < cutoff, RequestEvent.exported_at.is_not(None))
+                        .limit(BATCH)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            if ids:
+                await conn.execute(delete(RequestEvent).where(RequestEvent.event_id.in_(ids)))
+        total += len(ids)
+        if len(ids) < BATCH:
+            return total
+
+
+async def _purge_outbox(engine: AsyncEngine, cutoff: datetime) -> int:
+    async with atomic(engine) as conn:
+        result = await conn.execute(
+            delete(OutboxEvent).where(
+                OutboxEvent.sent_at.is_not(None), OutboxEvent.sent_at < cutoff
+            )
+        )
+    return int(result.rowcount)
