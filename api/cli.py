@@ -150,7 +150,7 @@ def relay(
         worker = Relay(
             engine,
             redis,
-            stream=settings.outbox_stream,
+            stream=settings.stream,
             batch=settings.relay_batch,
             mark_delay=settings.relay_mark_delay,
         )

@@ -35,7 +35,9 @@ class Settings(BaseSettings):
     lookup_cache_ttl: float = Field(
         default=30.0, gt=0, description="Lookup cache TTL (bounds staleness after a reversal)."
     )
-    outbox_stream: str = Field(default="idempay:outbox", description="Redis Stream of events.")
+    outbox_stream: str = Field(
+        default="", description="Redis Stream of outbox events (default: <prefix>outbox)."
+    )
     relay_batch: int = Field(default=500, ge=1, description="Outbox events per relay batch.")
     relay_mark_delay: float = Field(
         default=0.0, ge=0, description="Fault injection for tests: pause between publish and mark."
@@ -92,6 +94,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{self.var_dir / 'idempay.db'}"
+
+    @property
+    def stream(self) -> str:
+        return self.outbox_stream or f"{self.redis_prefix}outbox"
 
     @property
     def is_sqlite(self) -> bool:

@@ -406,9 +406,7 @@ class _Supervisor:
             return
         with Journal(config.journal(self.index)) as journal:
             started = len(journal.entries())
-        reboot = _spawn(
-            config, self.index, payments=config.payments - started, recover_first=True
-        )
+        reboot = _spawn(config, self.index, payments=config.payments - started, recover_first=True)
         self._follow(reboot, None)
         with self.lock:
             self.result.killed += 1
@@ -575,6 +573,7 @@ def run_simulation(
 ) -> tuple[FleetResult, InvariantReport]:
     """Start a server (when ``start``) and a merchant key, run the fleet, check §8."""
     from rich.console import Console
+
     if not start:
         result = run_fleet(config, console=Console(stderr=True))
         return result, asyncio.run(_check(config.api_key, result))
@@ -603,6 +602,7 @@ def describe(config: FleetConfig, result: FleetResult) -> str:
 def render(config: FleetConfig, result: FleetResult, report: InvariantReport) -> Table:
     """The run as a table: outcomes, round trips, and each SPEC §8 invariant."""
     from rich.table import Table
+
     tally = result.tally()
     rate = result.payments / result.elapsed_s if result.elapsed_s else 0.0
     rows: list[tuple[str, str]] = [

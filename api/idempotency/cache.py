@@ -89,11 +89,22 @@ class ResponseCache:
         status: int,
         body: bytes,
         terminal_id: str | None,
+        created: bool = False,
     ) -> None:
+        """Remember a committed answer; a fresh creation also primes the lookup cache."""
+        if not self._usable():
+            return
         value = json.dumps(
             {"fp": fingerprint, "status": status, "body": body.decode(), "t": terminal_id}
         )
-        await self._set(self._key("resp", merchant_id, key), value, self._ttl)
+        try:
+            pipe = self._redis.pipeline(transaction=False)  # type: ignore[union-attr]
+            pipe.set(self._key("resp", merchant_id, key), value, ex=self._ttl)
+            if created:
+                pipe.set(self._key("txn", merchant_id, key), body, ex=self._lookup_ttl)
+            await pipe.execute()
+        except Exception as exc:
+            self._trip(exc)
 
     async def get_lookup(self, merchant_id: str, key: str) -> bytes | None:
         if not self._usable():

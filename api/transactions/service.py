@@ -135,6 +135,7 @@ class TransactionService:
             status=outcome.status,
             body=outcome.body,
             terminal_id=outcome.terminal_id,
+            created=outcome.event == "created",
         )
 
     def _answer_completed(
