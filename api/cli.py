@@ -7,11 +7,15 @@ from typing import Annotated
 
 import typer
 
+from api.cli_lake import audit_command, export_command, lake
 from api.config import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="idempay command line.")
 admin = typer.Typer(no_args_is_help=True, help="Administration.")
 app.add_typer(admin, name="admin")
+app.command("export")(export_command)
+app.command("audit")(audit_command)
+app.add_typer(lake, name="lake")
 
 
 @app.command()
@@ -104,7 +108,7 @@ def simulate(
 
     from rich.console import Console
 
-    from api.simulate import FleetConfig, default_workdir, render, run_simulation
+    from api.simulate import FleetConfig, default_workdir, describe, render, run_simulation
 
     if (url is None) != (api_key is None):
         raise typer.BadParameter("--url and --api-key go together")
@@ -122,6 +126,7 @@ def simulate(
     )
     console = Console()
     result, report = run_simulation(config, start=url is None, console=console)
+    console.print(describe(config, result))
     console.print(render(config, result, report))
     for violation in report.violations:
         console.print(f"[red]{violation.invariant}[/] {violation.key or ''} {violation.detail}")

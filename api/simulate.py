@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -35,8 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +56,9 @@ if TYPE_CHECKING:  # the terminal subprocesses import only the SDK side of this 
 __all__ = [
     "FleetConfig",
     "FleetResult",
+    "Terminal",
+    "describe",
+    "render",
     "run_fleet",
     "run_simulation",
     "start_server",
@@ -63,9 +66,7 @@ __all__ = [
 
 VISA = ("4242", "1881", "0077", "5556", "9995")
 DECLINES = ("tok_decline_insufficient_funds", "tok_decline_do_not_honor")
-COUNTERS = ("creates", "resends", "lookups", "aborts", "reversals")
 RECOVER_PASSES = 3
-OnPayment = Callable[[str, str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,70 +209,89 @@ def _open_client(config: FleetConfig, index: int) -> tuple[Client, CountingTrans
     return client, counting
 
 
-def _link_faults(counting: CountingTransport) -> dict[str, int]:
-    inner = counting.inner
-    return inner.stats if isinstance(inner, FaultyTransport) else {}
+class Terminal:
+    """One POS: its own ``Client``, journal, link and stream of cards."""
+
+    def __init__(self, config: FleetConfig, index: int, *, rebooted: bool = False) -> None:
+        self.config = config
+        self.client, self._counting = _open_client(config, index)
+        self._rng = random.Random(_seed(config, index, f"cards:{rebooted}"))
+
+    @property
+    def counts(self) -> Counter[str]:
+        return self._counting.counts
+
+    @property
+    def faults(self) -> dict[str, int]:
+        inner = self._counting.inner
+        return inner.stats if isinstance(inner, FaultyTransport) else {}
+
+    def sell(self) -> tuple[str, str]:
+        """One purchase: (key, approved | declined | aborted | in_doubt | rejected)."""
+        card = _card(self._rng, self.config)
+        amount = self._rng.randint(100, 50_000)
+        try:
+            result = self.client.purchase(
+                amount=amount, currency="BRL", card=card, deadline_s=self.config.deadline_s
+            )
+        except PaymentAborted as exc:
+            return exc.key, "aborted"
+        except PaymentInDoubt as exc:
+            return exc.key, "in_doubt"
+        except APIError:  # refused (a 4xx): journaled RESOLVED; the newest entry is this one
+            return self.client.journal.entries()[-1].key, "rejected"
+        return result.id, result.status
+
+    def settle(self) -> dict[str, str]:
+        """recover() what is left in doubt, like the terminal's next boot (bounded)."""
+        settled: dict[str, str] = {}
+        for _ in range(RECOVER_PASSES):
+            if not self.client.journal.unresolved():
+                break
+            for item in self.client.recover():
+                if item.transaction is not None:
+                    settled[item.key] = item.transaction.status
+                elif item.state is JournalState.ABORTED:
+                    settled[item.key] = "aborted"
+                elif item.state is JournalState.RESOLVED:
+                    settled[item.key] = "rejected"
+                else:
+                    settled[item.key] = "in_doubt"
+        return settled
+
+    def close(self) -> None:
+        self.client.close()
 
 
-def _pay(client: Client, rng: random.Random, config: FleetConfig) -> tuple[str, str]:
-    card = _card(rng, config)
-    amount = rng.randint(100, 50_000)
-    try:
-        result = client.purchase(
-            amount=amount, currency="BRL", card=card, deadline_s=config.deadline_s
-        )
-    except PaymentAborted as exc:
-        return exc.key, "aborted"
-    except PaymentInDoubt as exc:
-        return exc.key, "in_doubt"
-    except APIError as exc:  # a rejected request (a 4xx): journaled RESOLVED with the error
-        return f"rejected:{exc.request_id or uuid.uuid4()}", "rejected"
-    return result.id, result.status
+class _Tally:
+    """Collects outcomes from all terminals (thread-safe) and advances the progress bar."""
+
+    def __init__(self, result: FleetResult, advance: Callable[[], None]) -> None:
+        self.result = result
+        self._advance = advance
+        self._lock = threading.Lock()
+
+    def record(self, key: str, status: str) -> None:
+        with self._lock:
+            new = key not in self.result.outcomes
+            self.result.outcomes[key] = status
+        if new:
+            self._advance()
+
+    def merge(
+        self, counts: Mapping[str, int], faults: Mapping[str, int], *, recovered: int = 0
+    ) -> None:
+        with self._lock:
+            self.result.counts.update(counts)
+            self.result.faults.update(faults)
+            self.result.recovered += recovered
+
+    def killed(self) -> None:
+        with self._lock:
+            self.result.killed += 1
 
 
-def _recover(client: Client) -> dict[str, str]:
-    """Settle whatever is left in doubt, like a terminal's next boot (bounded passes)."""
-    settled: dict[str, str] = {}
-    for _ in range(RECOVER_PASSES):
-        if not client.journal.unresolved():
-            break
-        for item in client.recover():
-            if item.transaction is not None:
-                settled[item.key] = item.transaction.status
-            elif item.state is JournalState.ABORTED:
-                settled[item.key] = "aborted"
-            elif item.state is JournalState.RESOLVED:
-                settled[item.key] = "rejected"
-            else:
-                settled[item.key] = "in_doubt"
-    return settled
-
-
-def run_terminal(
-    config: FleetConfig,
-    index: int,
-    *,
-    payments: int | None = None,
-    recover_first: bool = False,
-    on_payment: OnPayment | None = None,
-) -> tuple[dict[str, str], Counter[str], dict[str, int]]:
-    """One terminal: (recover,) sell ``payments``, recover what is left in doubt."""
-    rng = random.Random(_seed(config, index, f"cards:{recover_first}"))
-    outcomes: dict[str, str] = {}
-    client, counting = _open_client(config, index)
-    with client:
-        if recover_first:
-            outcomes.update(_recover(client))
-        for _ in range(config.payments if payments is None else payments):
-            key, status = _pay(client, rng, config)
-            outcomes[key] = status
-            if on_payment is not None:
-                on_payment(key, status)
-        outcomes.update(_recover(client))
-    return outcomes, counting.counts, _link_faults(counting)
-
-
-@contextmanager
+@contextlib.contextmanager
 def _link(config: FleetConfig) -> Iterator[tuple[FleetConfig, ProxyThread | None]]:
     """The fleet's view of the server: direct, or through one shared chaos proxy."""
     if not config.via_proxy:
@@ -312,44 +332,31 @@ def run_fleet(config: FleetConfig, *, console: Console | None = None) -> FleetRe
         TextColumn("payments"),
         TimeElapsedColumn(),
         console=console or Console(stderr=True),
-        transient=False,
     )
-    total = config.terminals * config.payments
     with _link(config) as (linked, proxy), progress:
-        task = progress.add_task("fleet", total=total)
-        lock = threading.Lock()
-
-        def done(_key: str, _status: str) -> None:
-            with lock:
-                progress.advance(task)
-
+        task = progress.add_task("fleet", total=config.terminals * config.payments)
+        tally = _Tally(result, lambda: progress.advance(task))
         started = time.perf_counter()
         runner = _run_processes if config.kill_clients else _run_threads
-        runner(linked, result, done)
+        runner(linked, tally)
         result.elapsed_s = time.perf_counter() - started
         if proxy is not None:
             result.faults.update(proxy.stats)
     return result
 
 
-def _run_threads(config: FleetConfig, result: FleetResult, done: OnPayment) -> None:
-    lock = threading.Lock()
+def _run_all(target: Callable[[int], None], terminals: int) -> None:
     errors: list[BaseException] = []
 
-    def terminal(index: int) -> None:
+    def guarded(index: int) -> None:
         try:
-            outcomes, counts, faults = run_terminal(config, index, on_payment=done)
-        except BaseException as exc:  # surfaced after join
+            target(index)
+        except BaseException as exc:  # re-raised in the caller's thread after join
             errors.append(exc)
-            return
-        with lock:
-            result.outcomes.update(outcomes)
-            result.counts.update(counts)
-            result.faults.update(faults)
 
     threads = [
-        threading.Thread(target=terminal, args=(i,), name=f"terminal-{i}", daemon=True)
-        for i in range(config.terminals)
+        threading.Thread(target=guarded, args=(i,), name=f"terminal-{i}", daemon=True)
+        for i in range(terminals)
     ]
     for thread in threads:
         thread.start()
@@ -357,6 +364,18 @@ def _run_threads(config: FleetConfig, result: FleetResult, done: OnPayment) -> N
         thread.join()
     if errors:
         raise errors[0]
+
+
+def _run_threads(config: FleetConfig, tally: _Tally) -> None:
+    def sell_all(index: int) -> None:
+        with contextlib.closing(Terminal(config, index)) as pos:
+            for _ in range(config.payments):
+                tally.record(*pos.sell())
+            for key, status in pos.settle().items():
+                tally.record(key, status)
+            tally.merge(pos.counts, pos.faults)
+
+    _run_all(sell_all, config.terminals)
 
 
 # ------------------------------------------------------------------ --kill-clients
@@ -367,126 +386,89 @@ def _victims(config: FleetConfig) -> dict[int, int]:
     return {i: rng.randint(1, max(1, config.payments - 1)) for i in chosen}
 
 
-def _spawn(
-    config: FleetConfig, index: int, *, payments: int, recover_first: bool
-) -> subprocess.Popen[str]:
+def _run_processes(config: FleetConfig, tally: _Tally) -> None:
+    victims = _victims(config)
+    _run_all(lambda index: _supervise(config, index, tally, victims.get(index)), config.terminals)
+
+
+def _supervise(config: FleetConfig, index: int, tally: _Tally, kill_after: int | None) -> None:
+    """Run terminal ``index`` as a process; a victim is SIGKILLed a few milliseconds after
+    its ``kill_after``-th payment (so mostly mid-payment), then rebooted on its journal."""
+    _follow(config, index, tally, payments=config.payments, kill_after=kill_after)
+    if kill_after is None:
+        return
+    tally.killed()
+    with Journal(config.journal(index)) as journal:
+        started = len(journal.entries())
+    _follow(config, index, tally, payments=config.payments - started, reboot=True)
+
+
+def _follow(
+    config: FleetConfig,
+    index: int,
+    tally: _Tally,
+    *,
+    payments: int,
+    kill_after: int | None = None,
+    reboot: bool = False,
+) -> None:
     argv = [sys.executable, "-m", "api.simulate", "--terminal", str(index)]
     argv += ["--payments", str(payments), "--config", config.to_json()]
-    if recover_first:
-        argv.append("--recover-first")
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, bufsize=1)
-
-
-class _Supervisor:
-    """One terminal as processes; a victim is SIGKILLed after ``kill_after`` payments plus
-    a few milliseconds (so mostly mid-payment), then rebooted on the same journal."""
-
-    def __init__(
-        self,
-        config: FleetConfig,
-        index: int,
-        result: FleetResult,
-        lock: threading.Lock,
-        done: OnPayment,
-    ) -> None:
-        self.config, self.index, self.result, self.lock, self.done = (
-            config,
-            index,
-            result,
-            lock,
-            done,
-        )
-        self.errors: list[str] = []
-
-    def run(self, kill_after: int | None) -> None:
-        config = self.config
-        proc = _spawn(config, self.index, payments=config.payments, recover_first=False)
-        self._follow(proc, kill_after)
-        if kill_after is None:
-            return
-        with Journal(config.journal(self.index)) as journal:
-            started = len(journal.entries())
-        reboot = _spawn(config, self.index, payments=config.payments - started, recover_first=True)
-        self._follow(reboot, None)
-        with self.lock:
-            self.result.killed += 1
-
-    def _follow(self, proc: subprocess.Popen[str], kill_after: int | None) -> None:
-        assert proc.stdout is not None
-        last: dict[str, Any] = {}
-        sold = recovered = 0
+    proc = subprocess.Popen(
+        argv + (["--reboot"] if reboot else []), stdout=subprocess.PIPE, text=True
+    )
+    bound = payments * (config.deadline_s + config.abort_grace_s) + 120.0
+    watchdog = threading.Timer(bound, proc.kill)  # every payment ends by its own bounds
+    watchdog.start()
+    assert proc.stdout is not None
+    last: dict[str, Any] = {}
+    sold = recovered = 0
+    try:
         for line in proc.stdout:
             last = json.loads(line)
             if "key" in last:
-                sold += 0 if last.get("recovered") else 1
-                recovered += 1 if last.get("recovered") else 0
-                self._record(last["key"], last["status"])
+                recovered += 1 if last.get("boot") else 0
+                sold += 0 if last.get("boot") else 1
+                tally.record(last["key"], last["status"])
             if kill_after is not None and sold >= kill_after:
-                jitter = random.Random(f"{self.config.seed}:{self.index}").uniform(0.0, 0.02)
-                time.sleep(jitter)
-                os.kill(proc.pid, signal.SIGKILL)
+                time.sleep(random.Random(f"{config.seed}:{index}").uniform(0.0, 0.02))
+                proc.send_signal(signal.SIGKILL)
                 break
+    finally:
+        watchdog.cancel()
         proc.stdout.close()
-        if proc.wait() != 0 and kill_after is None:
-            self.errors.append(f"terminal {self.index} exited {proc.returncode}")
-        with self.lock:
-            self.result.counts.update(last.get("counts", {}))
-            self.result.faults.update(last.get("faults", {}))
-            self.result.recovered += recovered
-
-    def _record(self, key: str, status: str) -> None:
-        with self.lock:
-            new = key not in self.result.outcomes
-            self.result.outcomes[key] = status
-        if new:
-            self.done(key, status)
-
-
-def _run_processes(config: FleetConfig, result: FleetResult, done: OnPayment) -> None:
-    victims = _victims(config)
-    lock = threading.Lock()
-    supervisors = [_Supervisor(config, i, result, lock, done) for i in range(config.terminals)]
-    threads = [
-        threading.Thread(target=s.run, args=(victims.get(i),), name=f"terminal-{i}")
-        for i, s in enumerate(supervisors)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    errors = [error for s in supervisors for error in s.errors]
-    if errors:
-        raise RuntimeError("; ".join(errors))
+        proc.wait()
+    tally.merge(last.get("counts", {}), last.get("faults", {}), recovered=recovered)
+    if kill_after is None and proc.returncode != 0:
+        raise RuntimeError(f"terminal {index} exited with {proc.returncode}")
 
 
 def _child(argv: list[str]) -> None:
-    """``python -m api.simulate --terminal I --payments K --config JSON [--recover-first]``:
-    one terminal process; prints a JSON line per payment with the cumulative counts."""
+    """``python -m api.simulate --terminal I --payments K --config JSON [--reboot]``: one
+    terminal process; a JSON line per payment, with the cumulative counts and faults."""
     parser = argparse.ArgumentParser(prog="python -m api.simulate")
     parser.add_argument("--terminal", type=int, required=True)
     parser.add_argument("--payments", type=int, required=True)
     parser.add_argument("--config", required=True)
-    parser.add_argument("--recover-first", action="store_true")
+    parser.add_argument("--reboot", action="store_true", help="recover() first")
     args = parser.parse_args(argv)
     config = FleetConfig.from_json(args.config)
-    client, counting = _open_client(config, args.terminal)
+    with contextlib.closing(Terminal(config, args.terminal, rebooted=args.reboot)) as pos:
 
-    def emit(message: dict[str, Any]) -> None:
-        totals = {"counts": dict(counting.counts), "faults": _link_faults(counting)}
-        sys.stdout.write(json.dumps({**message, **totals}) + "\n")
-        sys.stdout.flush()
+        def emit(message: dict[str, Any]) -> None:
+            totals = {"counts": dict(pos.counts), "faults": pos.faults}
+            sys.stdout.write(json.dumps({**message, **totals}) + "\n")
+            sys.stdout.flush()
 
-    rng = random.Random(_seed(config, args.terminal, f"cards:{args.recover_first}"))
-    with client:
-        if args.recover_first:
-            for key, status in _recover(client).items():
-                emit({"key": key, "status": status, "recovered": True})
+        if args.reboot:
+            for key, status in pos.settle().items():
+                emit({"key": key, "status": status, "boot": True})
         for _ in range(args.payments):
-            key, status = _pay(client, rng, config)
+            key, status = pos.sell()
             emit({"key": key, "status": status})
-        for key, status in _recover(client).items():
+        for key, status in pos.settle().items():
             emit({"key": key, "status": status})
-    emit({"done": True})
+        emit({"done": True})
 
 
 # ------------------------------------------------------------------ the CLI's run
@@ -496,7 +478,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextmanager
+@contextlib.contextmanager
 def start_server(log_path: Path, *, timeout: float = 60.0) -> Iterator[str]:
     """``python -m api serve`` on a free loopback port (configured database); its URL."""
     port = _free_port()
@@ -575,6 +557,7 @@ def run_simulation(
     from rich.console import Console
 
     if not start:
+        console.print(f"server {config.base_url} · journals in {config.workdir}")
         result = run_fleet(config, console=Console(stderr=True))
         return result, asyncio.run(_check(config.api_key, result))
     config.workdir.mkdir(parents=True, exist_ok=True)
@@ -627,7 +610,7 @@ def render(config: FleetConfig, result: FleetResult, report: InvariantReport) ->
             ("settled by recover() after kill", str(result.recovered)),
         ]
     rows += [(f"invariant {name}", "FAIL" if n else "ok") for name, n in report.failures.items()]
-    table = Table(caption=describe(config, result))
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in rows:
