@@ -126,7 +126,7 @@ def simulate(
     )
     console = Console()
     result, report = run_simulation(config, start=url is None, console=console)
-    console.print(describe(config, result))
+    console.print(describe(config, result), soft_wrap=True)
     console.print(render(config, result, report))
     for violation in report.violations:
         console.print(f"[red]{violation.invariant}[/] {violation.key or ''} {violation.detail}")

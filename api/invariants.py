@@ -12,7 +12,8 @@ terminals' journals, and returns an ``InvariantReport``:
 | ``one_charge_per_key``     | a (merchant, transaction) with two ``charge`` ledger entries  |
 | ``charge_has_transaction`` | a ``charge`` ledger entry whose transaction does not exist    |
 | ``aborted_not_processed``  | an ``aborted`` idempotency key that has a transaction         |
-| ``journal_definitive``     | a journal entry not RESOLVED or ABORTED                       |
+| ``journal_definitive``     | a journal entry not RESOLVED or ABORTED (or a payment         |
+|                            | reported ``in_doubt`` that no journal settled)                |
 | ``ledger_balanced``        | per merchant and currency, Σ ledger ≠ approved purchases −    |
 |                            | approved refunds − reversals (signed)                         |
 
@@ -53,6 +54,7 @@ INVARIANTS = (
     "ledger_balanced",
 )
 PROCESSED = frozenset({"approved", "declined", "reversed"})
+NOT_DEFINITIVE = frozenset({"open", "in_doubt"})
 _CHUNK = 500
 _MAX_VIOLATIONS = 50
 
@@ -81,7 +83,9 @@ class InvariantReport:
     """What the database and the journals say about one run; ``ok`` when nothing failed.
 
     ``duplicates``: keys charged or stored more than once; ``lost``: payments reported
-    processed that the server does not hold with that status (both must be 0)."""
+    processed that the server does not hold with that status; ``journal_open``: payments
+    not definitive at the end (all three must be 0). ``processing_keys`` is informational:
+    keys the server is still working on."""
 
     merchant_ids: tuple[str, ...]
     reported: int
@@ -148,8 +152,9 @@ async def check_invariants(
     journals: Sequence[str | os.PathLike[str]] = (),
 ) -> InvariantReport:
     """Check SPEC §8 for ``merchant_ids``. ``reported`` maps each key to what the SDK
-    reported (approved | declined | reversed | aborted | anything else is not checked);
-    outcomes recorded in ``journals`` are added to it (the journal wins: it is durable)."""
+    reported (approved | declined | reversed | aborted; in_doubt counts as not definitive;
+    anything else, e.g. rejected, is not checked); outcomes recorded in ``journals`` are
+    added to it (the journal wins: it is durable)."""
     if not merchant_ids:
         raise ValueError("merchant_ids must not be empty")
     merchants = tuple(merchant_ids)
@@ -163,7 +168,7 @@ async def check_invariants(
         aborted, processing = await _check_keys(conn, merchants, checker)
         ledger = await _ledger_balances(conn, merchants)
         transactions = await _count(conn, Transaction.merchant_id, merchants)
-    open_entries = [key for key, claim in claims.items() if claim == "open"]
+    open_entries = [key for key, claim in claims.items() if claim in NOT_DEFINITIVE]
     for key in open_entries:
         checker.fail("journal_definitive", key, "journal entry is not definitive")
     for balance in ledger:

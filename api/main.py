@@ -26,6 +26,7 @@ from api.idempotency.completer import Completer
 from api.logs import configure_logging
 from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
+from api.storage_errors import storage_unavailable
 from api.transactions.issuer import SimulatedIssuer
 from api.transactions.openapi import add_component_schemas
 from api.transactions.router import router as transactions_router
@@ -202,6 +203,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(_request: Request, exc: Exception) -> Response:
+        if storage_unavailable(exc):
+            return problem_response(
+                ApiError(
+                    503,
+                    "service_unavailable",
+                    "Storage unavailable; nothing was processed.",
+                    headers={"Retry-After": "1"},
+                )
+            )
         log.exception("unhandled_error", error=type(exc).__name__)
         return problem_response(ApiError(500, "internal_error", "Internal error."))
 

@@ -143,8 +143,7 @@ class IssuerAuthorization(Base):
 
 
 class MerchantOutboxSeq(Base):
-    """Per-merchant outbox sequence: taken under the row lock at the end of the transaction,
-    so a merchant's sequence numbers follow commit order with no gaps."""
+    """The relay's per-merchant sequence counter (only the leading relay writes it)."""
 
     __tablename__ = "merchant_outbox_seq"
     merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -160,7 +159,7 @@ class OutboxEvent(Base):
     )
     event_id: Mapped[str] = mapped_column(String(36), unique=True)
     merchant_id: Mapped[str] = mapped_column(String(40))
-    seq: Mapped[int] = mapped_column(BigInteger)
+    seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     type: Mapped[str] = mapped_column(String(32))
     transaction_id: Mapped[str] = mapped_column(String(36))
     payload: Mapped[str] = mapped_column(Text)
@@ -168,5 +167,5 @@ class OutboxEvent(Base):
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     __table_args__ = (
         UniqueConstraint("merchant_id", "seq", name="uq_outbox_event_merchant_seq"),
-        Index("ix_outbox_event_unsent", "sent_at", "merchant_id", "seq"),
+        Index("ix_outbox_event_sent_at_id", "sent_at", "id"),
     )

@@ -39,7 +39,11 @@ def test_readme_curl_walkthrough_runs_as_documented(pg_backend: Backend) -> None
         }
         out = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
-            env=env, capture_output=True, text=True, timeout=60, check=True,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         ).stdout
     finally:
         server.stop()

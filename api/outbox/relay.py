@@ -1,9 +1,12 @@
 """``idempay relay``: publish outbox events to a Redis Stream, at least once, in order per
 merchant.
 
-One batch: read unsent events ordered by (merchant, seq) → XADD them in one pipeline →
-mark them sent. A relay killed between the XADD and the mark publishes that batch again
-after restart: consumers dedupe by ``event_id`` (``consume`` below is the reference).
+One batch: number the next committed events per merchant (persisted) → XADD them in one
+pipeline, in (merchant, seq) order → mark them sent. A relay killed between the XADD and
+the mark publishes that batch again after restart, with the same numbers: consumers dedupe
+by ``event_id`` (``consume`` below is the reference). Numbers follow the order in which
+events became visible (committed) to the relay, so causally ordered events (a completion,
+then its reversal) always arrive in that order, with no gaps.
 On Postgres only one relay publishes at a time (a session advisory lock), so two relays
 can never interleave a merchant's events; a second relay waits as a hot standby.
 """
@@ -11,16 +14,20 @@ can never interleave a merchant's events; a second relay waits as a hot standby.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from sqlalchemy import select, text, update
+from sqlalchemy import bindparam, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api.db import atomic, utcnow
 from api.metrics import OUTBOX_PUBLISHED
-from api.models import OutboxEvent
+from api.models import MerchantOutboxSeq, OutboxEvent
 
 log = structlog.get_logger("idempay.relay")
 LOCK_ID = 0x1DE4_9A7  # pg advisory lock id for "the relay"
@@ -45,22 +52,16 @@ class Relay:
         self.mark_delay = mark_delay  # fault-injection knob for tests: widen the kill window
 
     async def run_once(self) -> int:
-        async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(OutboxEvent.id, OutboxEvent.event_id, OutboxEvent.payload)
-                    .where(OutboxEvent.sent_at.is_(None))
-                    .order_by(OutboxEvent.merchant_id, OutboxEvent.seq)
-                    .limit(self.batch)
-                )
-            ).all()
+        rows = await self._next_batch()
         if not rows:
             return 0
         pipe = self.redis.pipeline(transaction=False)
         for row in rows:
+            payload = json.loads(row.payload)
+            payload["seq"] = row.seq
             pipe.xadd(
                 self.stream,
-                {"event_id": row.event_id, "payload": row.payload},
+                {"event_id": row.event_id, "payload": json.dumps(payload, separators=(",", ":"))},
                 maxlen=STREAM_MAXLEN,
                 approximate=True,
             )
@@ -77,6 +78,40 @@ class Relay:
         OUTBOX_PUBLISHED.inc(len(rows))
         return len(rows)
 
+    async def _next_batch(self) -> list[Any]:
+        """Events numbered but not yet marked sent (a relay died mid-batch) go first, in
+        their numbered order; otherwise number the next committed events, in the order
+        they became visible, per merchant, and persist the numbers before publishing so a
+        republished event keeps its ``seq``."""
+        columns = (
+            OutboxEvent.id,
+            OutboxEvent.event_id,
+            OutboxEvent.merchant_id,
+            OutboxEvent.seq,
+            OutboxEvent.payload,
+        )
+        async with atomic(self.engine) as conn:
+            pending = (
+                await conn.execute(
+                    select(*columns)
+                    .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_not(None))
+                    .order_by(OutboxEvent.merchant_id, OutboxEvent.seq)
+                    .limit(self.batch)
+                )
+            ).all()
+            if pending:
+                return list(pending)
+            fresh = (
+                await conn.execute(
+                    select(*columns)
+                    .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_(None))
+                    .order_by(OutboxEvent.id)
+                    .limit(self.batch)
+                )
+            ).all()
+            numbered = await _number(conn, fresh)
+        return sorted(numbered, key=lambda row: (row.merchant_id, row.seq))
+
     async def run_forever(
         self, *, interval: float = 0.2, stop: Callable[[], bool] = lambda: False
     ) -> None:
@@ -90,6 +125,47 @@ class Relay:
                     published = 0
                 if published < self.batch:
                     await asyncio.sleep(interval)
+
+
+@dataclass(frozen=True, slots=True)
+class _Numbered:
+    id: int
+    event_id: str
+    merchant_id: str
+    seq: int
+    payload: str
+
+
+async def _number(conn: AsyncConnection, rows: Sequence[Any]) -> list[_Numbered]:
+    counts: dict[str, int] = defaultdict(int)
+    for row in rows:
+        counts[row.merchant_id] += 1
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    last: dict[str, int] = {}
+    for merchant_id, count in counts.items():
+        upsert = (
+            dialect.insert(MerchantOutboxSeq)
+            .values(merchant_id=merchant_id, seq=count)
+            .on_conflict_do_update(
+                index_elements=[MerchantOutboxSeq.merchant_id],
+                set_={"seq": MerchantOutboxSeq.seq + count},
+            )
+            .returning(MerchantOutboxSeq.seq)
+        )
+        last[merchant_id] = int((await conn.execute(upsert)).scalar_one())
+    numbered: list[_Numbered] = []
+    for row in rows:
+        seq = last[row.merchant_id] - counts[row.merchant_id] + 1
+        counts[row.merchant_id] -= 1
+        numbered.append(_Numbered(row.id, row.event_id, row.merchant_id, seq, row.payload))
+    if numbered:
+        await conn.execute(
+            update(OutboxEvent)
+            .where(OutboxEvent.id == bindparam("row_id"))
+            .values(seq=bindparam("row_seq")),
+            [{"row_id": row.id, "row_seq": row.seq} for row in numbered],
+        )
+    return numbered
 
 
 async def _lead(conn: AsyncConnection) -> None:
@@ -108,8 +184,6 @@ def consume(
     entries: list[tuple[bytes, dict[bytes, bytes]]], seen: set[str]
 ) -> list[dict[str, Any]]:
     """Reference consumer step: decode stream entries, drop duplicates by event_id."""
-    import json
-
     fresh = []
     for _entry_id, fields in entries:
         event_id = fields[b"event_id"].decode()

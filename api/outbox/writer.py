@@ -1,10 +1,10 @@
 """The transactional outbox: every completed, reversed or aborted transaction appends one
 event in the same database transaction as the change (never a dual write).
 
-Sequence numbers are per merchant, taken by an upsert on ``merchant_outbox_seq`` as the last
-statement before commit. The row lock it takes is held until commit, so a merchant's
-sequence follows commit order with no gaps (a rolled-back transaction rolls its number
-back too). The relay publishes each merchant's events in ``seq`` order.
+The write is a plain INSERT. Per-merchant sequence numbers are assigned by the relay (the
+single leader) when it first sees a committed event, in the order events became visible;
+taking them here, under a per-merchant row lock held to commit, serialized every create of
+a merchant (measured: Postgres ran the create's SQL at 0.22× the speed with it).
 """
 
 from __future__ import annotations
@@ -15,29 +15,14 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import insert
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from api.models import MerchantOutboxSeq, OutboxEvent
+from api.models import OutboxEvent
 from api.transactions.repository import iso
 
 COMPLETED = "transaction.completed"
 REVERSED = "transaction.reversed"
 ABORTED = "transaction.aborted"
-
-
-async def _next_seq(conn: AsyncConnection, merchant_id: str) -> int:
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    statement = (
-        dialect.insert(MerchantOutboxSeq)
-        .values(merchant_id=merchant_id, seq=1)
-        .on_conflict_do_update(
-            index_elements=[MerchantOutboxSeq.merchant_id],
-            set_={"seq": MerchantOutboxSeq.seq + 1},
-        )
-        .returning(MerchantOutboxSeq.seq)
-    )
-    return int((await conn.execute(statement)).scalar_one())
 
 
 async def append(
@@ -49,13 +34,11 @@ async def append(
     data: dict[str, Any],
     now: datetime,
 ) -> None:
-    seq = await _next_seq(conn, merchant_id)
     event_id = str(uuid.uuid4())
     payload = {
         "event_id": event_id,
         "type": event_type,
         "merchant_id": merchant_id,
-        "seq": seq,
         "transaction_id": transaction_id,
         "occurred_at": iso(now),
         "data": data,
@@ -64,7 +47,6 @@ async def append(
         insert(OutboxEvent).values(
             event_id=event_id,
             merchant_id=merchant_id,
-            seq=seq,
             type=event_type,
             transaction_id=transaction_id,
             payload=json.dumps(payload, separators=(",", ":")),

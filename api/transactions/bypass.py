@@ -1,8 +1,9 @@
 """The benchmark baseline: create with the idempotency layer bypassed.
 
 Mounted only when ``IDEMPAY_BENCH_BYPASS=true``. It does the same work as a create minus
-idempotency: auth, rate limit, body checks, the issuer (enlisted) and the transaction and
-ledger inserts in one transaction — no key read, no key row, no stored response, no event.
+idempotency: auth, rate limit, body checks, the issuer (enlisted), the transaction, ledger
+and outbox inserts in one transaction — no key read, no key row, no stored response, no
+request event.
 `make bench` compares idempay's create against it, side by side in one run.
 """
 
@@ -15,6 +16,7 @@ from api.context import AppContext
 from api.db import atomic, utcnow
 from api.errors import ApiError, problem_response
 from api.idempotency.keys import parse_key
+from api.outbox import writer as outbox
 from api.transactions import repository
 from api.transactions.http import decode, read_body
 
@@ -41,4 +43,12 @@ async def create_bypassed(request: Request) -> Response:
         txn = service.new_transaction(merchant_id, key, body, auth, created_at=now)
         text = repository.render(txn)
         await repository.insert_transaction(conn, txn)
+        await outbox.append(
+            conn,
+            merchant_id=merchant_id,
+            event_type=outbox.COMPLETED,
+            transaction_id=key,
+            data=repository.body_of(txn),
+            now=txn.processed_at,
+        )
     return Response(text.encode(), 201, media_type="application/json")

@@ -16,7 +16,7 @@ from api.errors import PROBLEM_JSON, ApiError, problem_body
 from api.events.writer import Event
 from api.idempotency.keys import body_fingerprint, parse_key, parse_uuid
 from api.metrics import CONFLICTS, LATENCY, REPLAYS, REQUESTS
-from api.storage_errors import STORAGE_ERRORS
+from api.storage_errors import storage_unavailable
 from api.transactions import resolution
 from api.transactions.http import attempt_header, decode, network_header, read_body
 from api.transactions.openapi import CREATE_DOC, ID_DOC, responses
@@ -47,12 +47,13 @@ class _Call:
             outcome = await work()
         except ApiError as error:
             outcome = from_error(error, event=reject_event, idempotency_status="not_found")
-        except STORAGE_ERRORS as exc:
-            log.warning("storage_unavailable", endpoint=self.endpoint, error=type(exc).__name__)
-            outcome = _server_error(503, "service_unavailable", self)
-        except Exception:
-            log.exception("internal_error", endpoint=self.endpoint)
-            outcome = _server_error(500, "internal_error", self)
+        except Exception as exc:
+            if storage_unavailable(exc):
+                log.warning("storage_unavailable", endpoint=self.endpoint, error=type(exc).__name__)
+                outcome = _server_error(503, "service_unavailable", self)
+            else:
+                log.exception("internal_error", endpoint=self.endpoint)
+                outcome = _server_error(500, "internal_error", self)
         return self.respond(outcome)
 
     def respond(self, outcome: Outcome) -> Response:

@@ -34,7 +34,7 @@ def upgrade() -> None:
         ),
         sa.Column("event_id", sa.String(length=36), nullable=False),
         sa.Column("merchant_id", sa.String(length=40), nullable=False),
-        sa.Column("seq", sa.BigInteger(), nullable=False),
+        sa.Column("seq", sa.BigInteger(), nullable=True),
         sa.Column("type", sa.String(length=32), nullable=False),
         sa.Column("transaction_id", sa.String(length=36), nullable=False),
         sa.Column("payload", sa.Text(), nullable=False),
@@ -46,13 +46,13 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("outbox_event", schema=None) as batch_op:
         batch_op.create_index(
-            "ix_outbox_event_unsent", ["sent_at", "merchant_id", "seq"], unique=False
+            "ix_outbox_event_sent_at_id", ["sent_at", "id"], unique=False
         )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("outbox_event", schema=None) as batch_op:
-        batch_op.drop_index("ix_outbox_event_unsent")
+        batch_op.drop_index("ix_outbox_event_sent_at_id")
 
     op.drop_table("outbox_event")
     op.drop_table("merchant_outbox_seq")

@@ -40,7 +40,7 @@ def test_sigkill_between_phases_then_retries_charge_exactly_once(backend: Backen
     threads = [threading.Thread(target=_fire_and_forget, args=(api, key)) for key in keys]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # generous: the machine is shared and noisy
     while any(api.lookup(key).status_code != 202 for key in keys):  # all claimed, in phase 2
         assert time.monotonic() < deadline
         time.sleep(0.05)

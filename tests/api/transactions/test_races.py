@@ -12,16 +12,29 @@ import json
 import random
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.api.conftest import Deployment
-from tests.support.client import body
+from tests.support.backend import Backend
+from tests.support.client import Api, body
 
 KEYS = 200
 DUPLICATES = 20
+
+
+@pytest.fixture(scope="module")
+def racing(backend: Backend) -> Iterator[Deployment]:
+    """A server that lets 100 concurrent requests queue for its connection pool instead of
+    shedding load with 503 (what it would do in production after IDEMPAY_DB_TIMEOUT)."""
+    server = backend.server(IDEMPAY_DB_TIMEOUT="120")
+    api = Api(server.url, backend.api_key(f"merchant-race-{backend.name}"))
+    yield Deployment(backend, server, api, api)
+    server.stop()
 
 
 @dataclass(frozen=True)
@@ -70,11 +83,11 @@ def _charges_per_key(deployment: Deployment, keys: list[str]) -> Counter[str]:
     return Counter(row[0] for row in rows if row[0] in wanted)
 
 
-def test_concurrent_identical_creates_execute_exactly_once(deployment: Deployment) -> None:
+def test_concurrent_identical_creates_execute_exactly_once(racing: Deployment) -> None:
     keys = [str(uuid.uuid4()) for _ in range(KEYS)]
     calls = [("create", key) for key in keys for _ in range(DUPLICATES)]
     random.Random(7).shuffle(calls)
-    responses = asyncio.run(_fire(deployment, calls))
+    responses = asyncio.run(_fire(racing, calls))
 
     by_key: dict[str, list[Answer]] = {}
     for (_, key), response in zip(calls, responses, strict=True):
@@ -91,36 +104,34 @@ def test_concurrent_identical_creates_execute_exactly_once(deployment: Deploymen
                 assert other.status_code == 201
                 assert other.headers["idempotent-replayed"] == "true"
                 assert other.content == created[0].content
-    charges = _charges_per_key(deployment, keys)
+    charges = _charges_per_key(racing, keys)
     assert set(charges) == set(keys)
     assert set(charges.values()) == {1}
-    transactions = deployment.backend.sql(
+    transactions = racing.backend.sql(
         "SELECT count(*) FROM \"transaction\" WHERE terminal_id = 'T-RACE'"
     )[0][0]
     assert transactions >= KEYS
 
 
-def test_abort_racing_create_has_exactly_one_winner(deployment: Deployment) -> None:
+def test_abort_racing_create_has_exactly_one_winner(racing: Deployment) -> None:
     keys = [str(uuid.uuid4()) for _ in range(KEYS)]
     calls = [(kind, key) for key in keys for kind in ["create", "abort"] * (DUPLICATES // 2)]
     random.Random(11).shuffle(calls)
-    responses = asyncio.run(_fire(deployment, calls))
+    responses = asyncio.run(_fire(racing, calls))
     assert all(r.status_code < 500 for r in responses)
 
     states = dict(
         (row[0], row[1])
-        for row in deployment.backend.sql(
+        for row in racing.backend.sql(
             "SELECT key, state FROM idempotency_key WHERE merchant_id = "
             "(SELECT merchant_id FROM api_key WHERE key_hash = :h)",
-            h=hashlib.sha256(deployment.a.api_key.encode()).hexdigest(),
+            h=hashlib.sha256(racing.a.api_key.encode()).hexdigest(),
         )
     )
-    charges = _charges_per_key(deployment, keys)
+    charges = _charges_per_key(racing, keys)
     with_txn = {
         row[0]
-        for row in deployment.backend.sql(
-            "SELECT id FROM \"transaction\" WHERE terminal_id = 'T-RACE'"
-        )
+        for row in racing.backend.sql("SELECT id FROM \"transaction\" WHERE terminal_id = 'T-RACE'")
     }
     for key in keys:
         assert states[key] in ("completed", "aborted")
