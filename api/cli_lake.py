@@ -183,6 +183,6 @@ def synth_command(
         f"{time.perf_counter() - started:.1f} s → {lake_dir}"
     )
     typer.echo(
-        f"planted: {result.planted_double_charges} new-key double charges, "
+        f"planted: {len(result.planted_double_charges)} new-key double charges, "
         f"{result.planted_violations} exactly-once violations"
     )

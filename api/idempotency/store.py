@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, select, update
+from sqlalchemy import ColumnElement, Row, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api.db import insert_if_absent
@@ -67,8 +67,13 @@ def _where(merchant_id: str, key: str) -> tuple[ColumnElement[bool], ColumnEleme
     return (IdempotencyKey.merchant_id == merchant_id, IdempotencyKey.key == key)
 
 
+_GET = select(*_COLUMNS).where(
+    IdempotencyKey.merchant_id == bindparam("merchant_id"), IdempotencyKey.key == bindparam("key")
+)
+
+
 async def get(conn: AsyncConnection, merchant_id: str, key: str) -> KeyRecord | None:
-    row = (await conn.execute(select(*_COLUMNS).where(*_where(merchant_id, key)))).first()
+    row = (await conn.execute(_GET, {"merchant_id": merchant_id, "key": key})).first()
     return _record(row) if row else None
 
 

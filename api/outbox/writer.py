@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from api.models import OutboxEvent
 from api.transactions.repository import iso
 
+_INSERT = insert(OutboxEvent)
 COMPLETED = "transaction.completed"
 REVERSED = "transaction.reversed"
 ABORTED = "transaction.aborted"
@@ -44,12 +45,13 @@ async def append(
         "data": data,
     }
     await conn.execute(
-        insert(OutboxEvent).values(
-            event_id=event_id,
-            merchant_id=merchant_id,
-            type=event_type,
-            transaction_id=transaction_id,
-            payload=json.dumps(payload, separators=(",", ":")),
-            created_at=now,
-        )
+        _INSERT,
+        {
+            "event_id": event_id,
+            "merchant_id": merchant_id,
+            "type": event_type,
+            "transaction_id": transaction_id,
+            "payload": json.dumps(payload, separators=(",", ":")),
+            "created_at": now,
+        },
     )

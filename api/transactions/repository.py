@@ -68,22 +68,29 @@ def _ledger_amount(txn_type: str, amount: int) -> tuple[str, int]:
     return ("refund", -amount) if txn_type == "refund" else ("charge", amount)
 
 
+_INSERT_TRANSACTION = insert(Transaction)
+_INSERT_LEDGER = insert(LedgerEntry)
+_FIELDS = tuple(NewTransaction.__slots__)
+
+
 async def insert_transaction(conn: AsyncConnection, txn: NewTransaction) -> None:
     """The transaction row and, when approved, its one ledger entry."""
-    values = {name: getattr(txn, name) for name in NewTransaction.__slots__}
-    await conn.execute(insert(Transaction).values(**values))
+    values = {name: getattr(txn, name) for name in _FIELDS}
+    values["metadata"] = values.pop("metadata_json")
+    await conn.execute(_INSERT_TRANSACTION, values)
     if txn.status == "approved":
         kind, signed = _ledger_amount(txn.type, txn.amount)
         await conn.execute(
-            insert(LedgerEntry).values(
-                entry_id=str(uuid.uuid4()),
-                merchant_id=txn.merchant_id,
-                transaction_id=txn.id,
-                amount=signed,
-                currency=txn.currency,
-                kind=kind,
-                created_at=txn.processed_at,
-            )
+            _INSERT_LEDGER,
+            {
+                "entry_id": str(uuid.uuid4()),
+                "merchant_id": txn.merchant_id,
+                "transaction_id": txn.id,
+                "amount": signed,
+                "currency": txn.currency,
+                "kind": kind,
+                "created_at": txn.processed_at,
+            },
         )
 
 
