@@ -1,12 +1,14 @@
 """The Postgres ceiling: pgbench running the statements one inline create runs.
 
-``TransactionService.create`` on the inline path (``_process_inline``) is one transaction:
-SELECT the key row; INSERT issuer_authorization ON CONFLICT DO NOTHING; INSERT
-idempotency_key (completed, with the ~330-byte response) ON CONFLICT DO NOTHING; INSERT
-"transaction"; INSERT ledger_entry; COMMIT. The script does the same, with a fresh random
-key per transaction (the first SELECT both draws the key and probes the key row, as the
-create's read does), under its own merchant id. It leaves out what is not SQL on that
-path, and the request events the server writes in batches off the request path.
+``TransactionService.create`` on the inline path: an autocommit SELECT of the key row, then
+one transaction (``_process_inline``): INSERT issuer_authorization ON CONFLICT DO NOTHING;
+INSERT idempotency_key (completed, with the ~330-byte response) ON CONFLICT DO NOTHING;
+INSERT "transaction"; INSERT ledger_entry; INSERT outbox_event; COMMIT. The script does the
+same, with a fresh random key per transaction (the first SELECT both draws the key and
+probes the key row, as the create's read does), under one merchant id of its own, as the bench's
+creates all come from one merchant. It leaves out what is not SQL on that path, and the
+request events the server writes in batches off the request path. Keep it in step with
+``_process_inline``.
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ RESPONSE = (
     '"installments": 1, "created_at": "20261121T200000.000000Z", '
     '"processed_at": "20261121T200000.000000Z", "reversed_at": null}'
 )
+PAYLOAD = (
+    '{"event_id": "00000000-0000-4000-8000-000000000001", "type": "transaction.completed", '
+    '"merchant_id": "mer_pgbench", "seq": 1, "transaction_id": '
+    '"00000000-0000-4000-8000-000000000000", "occurred_at": "20261121T200000.000000Z", '
+    '"data": ' + RESPONSE + "}"
+)
 SCRIPT = f"""\
-BEGIN;
 SELECT u.k AS k, left(md5(u.k), 40) AS ik, upper(left(md5(u.k), 6)) AS ac, i.state AS st FROM (SELECT gen_random_uuid()::text AS k) AS u LEFT JOIN idempotency_key AS i ON i.merchant_id = '{MERCHANT}' AND i.key = u.k \\gset
+BEGIN;
 INSERT INTO issuer_authorization (issuer_key, result, decline_reason, authorization_code, amount, currency, calls, created_at) VALUES (:ik, 'approved', NULL, :ac, 1250, 'BRL', 1, now()) ON CONFLICT DO NOTHING;
 INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token, lease_until, request, response_status, response_body, terminal_id, created_at, updated_at, deadline_at) VALUES ('{MERCHANT}', :k, 'completed', '{FINGERPRINT}', 1, NULL, NULL, 201, '{RESPONSE}', 'T-0001', now(), now(), NULL) ON CONFLICT DO NOTHING;
 INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4, card_brand, card_fingerprint, installments, status, decline_reason, authorization_code, captured_at, created_at, processed_at, metadata) VALUES ('{MERCHANT}', :k, 'T-0001', 'purchase', 1250, 'BRL', '4242', 'visa', '{FINGERPRINT}', 1, 'approved', NULL, :ac, NULL, now(), now(), NULL);
 INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind, created_at) VALUES (gen_random_uuid()::text, '{MERCHANT}', :k, 1250, 'BRL', 'charge', now());
+INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at) VALUES (gen_random_uuid()::text, '{MERCHANT}', 'transaction.completed', :k, '{PAYLOAD}', now());
 COMMIT;
 """  # noqa: E501
 
@@ -53,9 +62,20 @@ def find() -> str | None:
     return shutil.which("pgbench")
 
 
-def write_script(directory: Path) -> Path:
-    path = directory / "create.pgbench.sql"
-    path.write_text(SCRIPT)
+def _without_outbox(script: str) -> str:
+    lines = script.splitlines(keepends=True)
+    return "".join(line for line in lines if "outbox" not in line)
+
+
+VARIANTS = {  # scenario name → script
+    "pgbench": SCRIPT,
+    "pgbench-no-outbox": _without_outbox(SCRIPT),  # the same minus the two outbox statements
+}
+
+
+def write_script(directory: Path, variant: str = "pgbench") -> Path:
+    path = directory / f"{variant}.sql"
+    path.write_text(VARIANTS[variant])
     return path
 
 

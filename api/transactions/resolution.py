@@ -19,7 +19,7 @@ ABORTED_DETAIL = "The key was fenced by an abort; it was not and will not be pro
 
 
 async def _current_body(service: TransactionService, record: KeyRecord) -> bytes:
-    async with service.engine.connect() as conn:
+    async with service.reader.connect() as conn:
         txn = await repository.get(conn, record.merchant_id, record.key)
     if txn is None:  # completed keys always have their transaction (one commit)
         raise RuntimeError("completed key without transaction")

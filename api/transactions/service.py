@@ -50,6 +50,14 @@ class TransactionService:
         cache: ResponseCache | None = None,
     ) -> None:
         self.engine = engine
+        # Reads need no transaction: on Postgres an AUTOCOMMIT connection answers a replay or a
+        # lookup in one round trip instead of BEGIN/SELECT/ROLLBACK. SQLite keeps its
+        # BEGIN IMMEDIATE discipline for everything.
+        self.reader = (
+            engine.execution_options(isolation_level="AUTOCOMMIT")
+            if engine.dialect.name == "postgresql"
+            else engine
+        )
         self.issuer = issuer
         self.settings = settings
         self.cache = cache or ResponseCache(None, prefix="", ttl=1, lookup_ttl=1, busy_ttl=1)
@@ -68,7 +76,7 @@ class TransactionService:
         ).hexdigest()
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
-        async with self.engine.connect() as conn:
+        async with self.reader.connect() as conn:
             return await store.get(conn, merchant_id, key)
 
     def processing(self, key: str, terminal_id: str | None, event: str) -> Outcome:
@@ -92,26 +100,26 @@ class TransactionService:
             )
         if busy == fingerprint:
             return self._in_progress(body.terminal_id)
+        record = await self.read(merchant_id, key)  # one autocommit round trip on Postgres
         now = utcnow()
-        request = body.model_dump_json()
         claimed = False
         outcome: Outcome | None = None
-        try:
-            async with atomic(self.engine) as conn:
-                record = await store.get(conn, merchant_id, key)
-                if record is None and not self._too_late(body, key, now):
+        if record is None and not self._too_late(body, key, now):
+            try:
+                async with atomic(self.engine) as conn:
                     if self.issuer.answers_inline(body.card.token):
                         outcome = await self._process_inline(
                             conn, merchant_id, key, body, fingerprint, now
                         )
                     else:
+                        request = body.model_dump_json()
                         claimed = await self._claim(
                             conn, merchant_id, key, body, fingerprint, request, now
                         )
                         if not claimed:
                             raise _KeyTaken
-        except _KeyTaken:  # a concurrent request won the key between our read and insert
-            record = await self._must_read(merchant_id, key)
+            except _KeyTaken:  # a concurrent request won the key between our read and insert
+                record = await self._must_read(merchant_id, key)
         if outcome is not None:
             await self.remember(merchant_id, key, fingerprint, outcome)
             return outcome
