@@ -212,5 +212,29 @@ def purge() -> None:
     asyncio.run(run())
 
 
+@app.command()
+def demo(
+    terminals: Annotated[int, typer.Option(min=1, help="Concurrent terminals.")] = 10,
+    payments: Annotated[int, typer.Option(min=1, help="Payments per terminal.")] = 400,
+    loss: Annotated[float, typer.Option(min=0.0, max=1.0, help="Link fault rate.")] = 0.035,
+    workdir: Annotated[str, typer.Option(help="Where the demo writes.")] = "var/demo",
+) -> None:
+    """The main job end to end: server, fleet on a lossy link, export, audit, report."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from api.demo import run_demo
+
+    if not run_demo(
+        workdir=Path(workdir),
+        terminals=terminals,
+        payments=payments,
+        loss=loss,
+        console=Console(),
+    ):
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()

@@ -15,6 +15,7 @@ import structlog
 from api.db import atomic, utcnow
 from api.idempotency import store
 from api.idempotency.store import KeyRecord
+from api.metrics import RECOVERIES
 from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
 
@@ -61,6 +62,7 @@ class Completer:
 
     def _count(self, result: str, record: KeyRecord) -> None:
         self.recovered[result] += 1
+        RECOVERIES.labels(result).inc()
         log.info("key_recovered", result=result, merchant_id=record.merchant_id, key=record.key)
 
     async def run_forever(self) -> None:
