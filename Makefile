@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint bench services clean
+.PHONY: demo test lint bench verify services tools clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,11 +16,17 @@ $(STAMP): pyproject.toml
 services:
 	./scripts/services.sh
 
+# System tools the suite drives: headless Chromium (the report test) and spin (the model).
+tools:
+	./scripts/ensure_chromium.sh >/dev/null
+	@command -v spin >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin >/dev/null)
+
 demo: $(STAMP)
 	$(BIN)/idempay demo
 
-test: $(STAMP) services
+test: $(STAMP) services tools
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
@@ -30,6 +36,9 @@ lint: $(STAMP)
 
 bench: $(STAMP) services
 	$(BIN)/python -m loadtest.bench
+
+verify:
+	./scripts/verify.sh
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
