@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime, timedelta
 
 from api.db import atomic, utcnow
 from api.errors import ApiError
@@ -72,6 +73,18 @@ async def abort(service: TransactionService, merchant_id: str, key: str) -> Outc
     return await _abort_existing(service, record)
 
 
+def _abort_may_take_over(service: TransactionService, record: KeyRecord, now: datetime) -> bool:
+    """An abort waits (409) only for a request that may still answer its terminal: within
+    the issuer timeout of the claim. After that the key is the server's own (answered 202,
+    re-driven by the completer, or abandoned): the terminal's abort wins — it takes the lease
+    (a compare-and-set on the token, so the driver's final write is refused), voids the
+    issuer call and fences the key."""
+    if not record.lease_live(now):
+        return True
+    grace = timedelta(seconds=service.settings.issuer_timeout + 0.5)
+    return now >= record.created_at + grace
+
+
 async def _abort_existing(service: TransactionService, record: KeyRecord) -> Outcome:
     key, terminal = record.key, record.terminal_id
     if record.state == store.COMPLETED:
@@ -82,7 +95,7 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
             200, key_state_body(key, record.state), "aborted", record.state, terminal_id=terminal
         )
     now = utcnow()
-    if not record.lease_live(now):
+    if _abort_may_take_over(service, record, now):
         async with atomic(service.engine) as conn:
             token = await store.take_over(
                 conn, record, now=now, lease_s=service.settings.lease_seconds

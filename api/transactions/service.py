@@ -10,6 +10,7 @@ phase 3  transaction + ledger + stored response ┘ otherwise three steps, no tr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -365,6 +366,13 @@ class TransactionService:
         await self.cache.clear_busy(merchant_id, key)
         if text is None:  # someone took the key over: answer with the winner's result
             record = await self._must_read(merchant_id, key)
+            if record.state == store.ABORTED:  # fenced while we waited: void the late answer
+                with contextlib.suppress(Exception):
+                    await self.issuer.void(
+                        self.issuer_key(merchant_id, key),
+                        amount=body.amount,
+                        currency=body.currency,
+                    )
             return await self.existing(record, record.fingerprint or "")
         outcome = Outcome(201, text.encode(), event, "created", terminal_id=body.terminal_id)
         await self.remember(merchant_id, key, body_fingerprint(body), outcome)

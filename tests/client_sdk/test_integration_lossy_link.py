@@ -8,6 +8,7 @@ import asyncio
 import io
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,10 @@ PAYMENTS_EACH = 100
 
 
 @pytest.fixture(scope="module")
-def server(pg_backend: Backend) -> Server:
-    return pg_backend.server()
+def server(pg_backend: Backend) -> Iterator[Server]:
+    server = pg_backend.server()
+    yield server
+    server.stop()
 
 
 @pytest.mark.parametrize("loss", [0.035, 0.20], ids=["loss-3.5pct", "loss-20pct"])
@@ -51,8 +54,8 @@ def test_every_payment_ends_definitive_and_is_processed_exactly_once(
 
     # the link really was lossy, and the SDK really had to resolve doubt
     expected_faults = TERMINALS * PAYMENTS_EACH * loss * 0.4
-    assert result.faults["drop_request"] > expected_faults / 2
-    assert result.faults["drop_response"] > expected_faults / 2
+    assert result.faults["drop_request"] > expected_faults / 4
+    assert result.faults["drop_response"] > expected_faults / 4
     assert result.faults["reset_before"] + result.faults["reset_after"] > 0
     assert result.counts["lookups"] > 0 and result.counts["resends"] > 0
 

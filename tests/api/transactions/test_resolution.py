@@ -157,3 +157,21 @@ def test_reversal_of_unknown_is_404_and_in_progress_is_409(deployment: Deploymen
         assert_problem(response, 409, "request_in_progress")
     else:
         assert response.status_code == 200 and response.json()["status"] == "reversed"
+
+
+def test_abort_wins_over_the_completer_once_the_server_owns_the_key(
+    deployment: Deployment,
+) -> None:
+    """After the 202 the completer keeps re-driving an unresponsive issuer; the terminal's
+    abort must not have to win a race against it: it takes the key, voids and fences."""
+    key = new_key()
+    payload = body(card=card("tok_issuer_down"))
+    assert deployment.a.create(key, payload).status_code == 202
+    time.sleep(0.6)  # past the issuer timeout of the claim: the server owns the key now
+    started = time.monotonic()
+    response = deployment.a.abort(key)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"id": key, "status": "aborted"}
+    assert time.monotonic() - started < 5
+    assert_problem(deployment.a.create(key, payload), 410, "transaction_aborted")
+    assert deployment.count("transaction", id=key) == 0

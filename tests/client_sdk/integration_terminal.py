@@ -1,0 +1,52 @@
+"""A terminal process for the kill tests: ``pay`` one card or ``recover`` a journal.
+
+    python integration_terminal.py pay URL API_KEY JOURNAL [--gate]
+    python integration_terminal.py recover URL API_KEY JOURNAL
+
+``--gate`` routes the payment through a ``FaultyTransport`` that delays every request
+for ten minutes *before* sending it, so the process can be killed with its journal entry
+written (SENT) and nothing on the wire. ``recover`` prints one JSON line per entry it
+settled: ``{"key", "state", "status"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import httpx
+
+from client_sdk import Client
+from client_sdk.faults import FaultyTransport
+
+CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
+GATE_S = 600.0
+
+
+def main(argv: list[str]) -> None:
+    command, url, api_key, journal = argv[:4]
+    transport: httpx.BaseTransport = httpx.HTTPTransport()
+    if "--gate" in argv:
+        transport = FaultyTransport(transport, delay=1.0, delay_s=GATE_S)
+    with Client(
+        url,
+        api_key,
+        terminal_id="T-KILL",
+        journal=journal,
+        timeout=5.0,
+        transport=transport,
+        base_backoff=0.02,
+        max_backoff=0.2,
+    ) as pos:
+        if command == "pay":
+            result = pos.purchase(amount=4200, currency="BRL", card=CARD, deadline_s=60)
+            print(json.dumps({"key": result.id, "status": result.status}), flush=True)
+            return
+        for item in pos.recover():
+            status = item.transaction.status if item.transaction else None
+            line = {"key": item.key, "state": str(item.state), "status": status}
+            print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,275 @@
+"""``idempay simulate`` end to end on a private Postgres database: it starts its own server,
+runs a small fleet through the SDK on a lossy link, checks SPEC §8 and says so — and the
+checks themselves catch planted violations."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+from api.auth import hash_key
+from api.invariants import InvariantReport, check_invariants
+from api.models import IdempotencyKey, LedgerEntry, Transaction
+from client_sdk import Journal, JournalState
+from tests.support.backend import Backend
+from tests.support.services import ROOT, create_database, drop_database, pg_url
+
+
+@dataclass
+class Run:
+    returncode: int
+    out: str
+
+    def row(self, name: str) -> str:
+        """The value cell of the table row ``name``."""
+        match = re.search(rf"^\W*{re.escape(name)}\s*\W+\s*(\S+)\s*\W*$", self.out, re.M)
+        assert match, f"no row {name!r} in:\n{self.out}"
+        return match.group(1)
+
+    def count(self, name: str) -> int:
+        return int(self.row(name))
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    name = create_database("idempay_sim")
+    try:
+        yield pg_url(name)
+    finally:
+        drop_database(name)
+
+
+def simulate(database_url: str, tmp: Path, *args: str) -> Run:
+    env = {
+        **os.environ,
+        "IDEMPAY_DATABASE_URL": database_url,
+        "IDEMPAY_VAR_DIR": str(tmp / "var"),
+        "IDEMPAY_REDIS_URL": "",
+        "COLUMNS": "120",
+    }
+    argv = [sys.executable, "-m", "api", "simulate", "--workdir", str(tmp / "journals"), *args]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return Run(done.returncode, done.stdout + done.stderr)
+
+
+def transactions(database_url: str) -> int:
+    async def run() -> int:
+        engine = create_async_engine(database_url, poolclass=NullPool)
+        try:
+            async with engine.connect() as conn:
+                exists = await conn.exec_driver_sql("SELECT to_regclass('public.transaction')")
+                if exists.scalar_one() is None:  # a fresh database: simulate migrates it
+                    return 0
+                rows = await conn.exec_driver_sql('SELECT count(*) FROM "transaction"')
+                return int(rows.scalar_one())
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def assert_clean(run: Run, *, payments: int) -> None:
+    assert run.returncode == 0, run.out
+    assert run.count("payments") == payments
+    assert run.count("duplicates") == 0
+    assert run.count("lost") == 0
+    assert run.count("in-doubt at end") == 0
+    assert run.count("approved") + run.count("declined") + run.count("aborted") == payments
+    assert run.count("faults injected") > 0
+    assert "all invariants hold" in run.out
+    assert "FAIL" not in run.out
+
+
+def test_simulate_through_the_chaos_proxy_on_postgres(database: str, tmp_path: Path) -> None:
+    before = transactions(database)
+    run = simulate(
+        database,
+        tmp_path,
+        "--terminals",
+        "4",
+        "--payments",
+        "25",
+        "--loss",
+        "0.1",
+        "--via-proxy",
+        "--seed",
+        "7",
+    )
+    assert_clean(run, payments=100)
+    assert run.count("lookups") + run.count("retries") > 0
+    # the command really ran against this database
+    processed = run.count("approved") + run.count("declined")
+    assert transactions(database) - before == processed
+    journals = sorted((tmp_path / "journals").glob("SIM-*.db"))
+    assert len(journals) == 4
+    for path in journals:
+        with Journal(path) as journal:
+            entries = journal.entries()
+        assert len(entries) == 25 and all(e.state.is_terminal for e in entries)
+
+
+def test_simulate_kills_terminal_processes_and_recovers_their_journals(
+    database: str, tmp_path: Path
+) -> None:
+    run = simulate(
+        database,
+        tmp_path,
+        "--terminals",
+        "4",
+        "--payments",
+        "25",
+        "--loss",
+        "0.1",
+        "--kill-clients",
+        "--seed",
+        "3",
+    )
+    assert_clean(run, payments=100)
+    assert run.count("clients killed") >= 1
+
+
+def test_simulate_exits_non_zero_when_an_invariant_fails(
+    pg_backend: Backend, tmp_path: Path
+) -> None:
+    """Against a running server (--url): an aborted key that holds a transaction, planted
+    for the merchant before the run, fails ``aborted_not_processed``."""
+    api_key = pg_backend.api_key(f"planted-{uuid.uuid4().hex[:8]}")
+    merchant_id = _merchant(pg_backend, api_key)
+    planted = str(uuid.uuid4())
+    asyncio.run(_plant_aborted_with_transaction(pg_backend.url, merchant_id, planted))
+    server = pg_backend.server()
+    try:
+        run = simulate(
+            pg_backend.url,
+            tmp_path,
+            "--url",
+            server.url,
+            "--api-key",
+            api_key,
+            "--terminals",
+            "2",
+            "--payments",
+            "5",
+            "--loss",
+            "0.1",
+        )
+    finally:
+        server.stop()
+    assert run.returncode == 1, run.out
+    assert run.row("invariant aborted_not_processed") == "FAIL"
+    assert run.row("invariant one_charge_per_key") == "ok"
+    assert planted in run.out
+    assert run.count("duplicates") == 0 and run.count("lost") == 0
+
+
+def test_the_invariants_catch_lost_payments_open_journals_and_unbalanced_ledgers(
+    pg_backend: Backend, tmp_path: Path
+) -> None:
+    merchant_id = _merchant(pg_backend, pg_backend.api_key(f"checks-{uuid.uuid4().hex[:8]}"))
+    unbalanced, lost, charged_abort = (str(uuid.uuid4()) for _ in range(3))
+    asyncio.run(_plant_transaction(pg_backend.url, merchant_id, unbalanced, ledger=False))
+    asyncio.run(_plant_transaction(pg_backend.url, merchant_id, charged_abort, ledger=True))
+    journal = tmp_path / "pos.db"
+    with Journal(journal) as pos:
+        open_key = str(uuid.uuid4())
+        pos.begin(open_key, json.dumps({}), deadline=0.0, reverse_late_approval=False)
+        pos.transition(open_key, JournalState.SENT, attempts=1)
+    reported = {unbalanced: "approved", lost: "approved", charged_abort: "aborted"}
+    report = asyncio.run(_check(pg_backend.url, merchant_id, reported, [journal]))
+    assert not report.ok
+    assert report.lost == 1 and report.duplicates == 0 and report.journal_open == 1
+    assert report.failed() == ["reported_exactly_once", "journal_definitive", "ledger_balanced"]
+    assert report.failures["reported_exactly_once"] == 2  # the lost one, the charged abort
+    [balance] = report.ledger
+    assert (balance.ledger, balance.expected) == (500, 1000)
+
+
+def _merchant(backend: Backend, api_key: str) -> str:
+    [(merchant_id,)] = backend.sql(
+        "SELECT merchant_id FROM api_key WHERE key_hash = :h", h=hash_key(api_key)
+    )
+    return str(merchant_id)
+
+
+async def _check(
+    url: str, merchant_id: str, reported: dict[str, str], journals: list[Path]
+) -> InvariantReport:
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        return await check_invariants(
+            engine, merchant_ids=[merchant_id], reported=reported, journals=journals
+        )
+    finally:
+        await engine.dispose()
+
+
+async def _plant_transaction(url: str, merchant_id: str, key: str, *, ledger: bool) -> None:
+    now = datetime.now(UTC)
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(Transaction).values(
+                    merchant_id=merchant_id,
+                    id=key,
+                    terminal_id="T-PLANT",
+                    type="purchase",
+                    amount=500,
+                    currency="BRL",
+                    card_last4="4242",
+                    card_brand="visa",
+                    card_fingerprint="0" * 64,
+                    installments=1,
+                    status="approved",
+                    created_at=now,
+                    processed_at=now,
+                )
+            )
+            if ledger:
+                await conn.execute(
+                    insert(LedgerEntry).values(
+                        entry_id=str(uuid.uuid4()),
+                        merchant_id=merchant_id,
+                        transaction_id=key,
+                        amount=500,
+                        currency="BRL",
+                        kind="charge",
+                        created_at=now,
+                    )
+                )
+    finally:
+        await engine.dispose()
+
+
+async def _plant_aborted_with_transaction(url: str, merchant_id: str, key: str) -> None:
+    await _plant_transaction(url, merchant_id, key, ledger=True)
+    now = datetime.now(UTC)
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(IdempotencyKey).values(
+                    merchant_id=merchant_id,
+                    key=key,
+                    state="aborted",
+                    lease_token=0,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    finally:
+        await engine.dispose()
