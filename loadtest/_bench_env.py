@@ -1,9 +1,11 @@
 """The bench's environment: a private Postgres database, one idempay server, CPU accounting.
 
-CPU is read from ``/proc`` (Linux): the server's process group, every ``postgres`` process
-(the postmaster's reaped-children time included, so short-lived backends are counted), and
-the machine's busy time from ``/proc/stat``. Postgres is shared with whatever else runs on
-this machine, so its figure is an upper bound for the bench's own database.
+CPU is read from ``/proc`` (Linux): the server's process group; the ``postgres`` processes
+that work for the bench database (its backends, the postmaster's reaped-children time so
+exited backends still count, the shared WAL writer and checkpointer — not other databases'
+backends); and the machine's busy time from ``/proc/stat``. Postgres is shared with
+whatever else runs here, so backends of other databases that exit during a round, and the
+auxiliaries' work for them, still land in the Postgres figure: an upper bound.
 """
 
 from __future__ import annotations
@@ -141,21 +143,30 @@ class Server:
             self.proc.wait(10)
 
 
-def _proc_stats() -> list[tuple[str, int, float]]:
-    """(comm, process group, CPU seconds incl. reaped children) of every visible process."""
+def _proc_stats() -> list[tuple[str, int, float, str]]:
+    """(comm, process group, CPU seconds incl. reaped children, command line) per process."""
     stats = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             raw = Path(entry.path, "stat").read_text()
+            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
         comm = raw[raw.index("(") + 1 : raw.rindex(")")]
         fields = raw[raw.rindex(")") + 2 :].split()
         ticks = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
-        stats.append((comm, int(fields[2]), ticks / _TICK))
+        stats.append((comm, int(fields[2]), ticks / _TICK, cmdline))
     return stats
+
+
+def _counts_for(database: str, cmdline: str) -> bool:
+    """A postgres process whose CPU is the bench's: its database's backends, the postmaster
+    (its reaped-children time holds the backends that exited, e.g. pgbench's), and the
+    shared auxiliaries (WAL writer, checkpointer, …). Other databases' backends are not."""
+    is_backend = "127.0.0.1(" in cmdline or "[local]" in cmdline or "::1(" in cmdline
+    return not is_backend or f" {database} " in cmdline
 
 
 def _machine_busy() -> float:
@@ -174,12 +185,12 @@ class CpuSample:
     machine: float
 
 
-def sample_cpu(server_pid: int) -> CpuSample:
+def sample_cpu(server_pid: int, database: str) -> CpuSample:
     server = postgres = 0.0
-    for comm, group, seconds in _proc_stats():
+    for comm, group, seconds, cmdline in _proc_stats():
         if group == server_pid:
             server += seconds
-        elif comm == "postgres":
+        elif comm == "postgres" and _counts_for(database, cmdline):
             postgres += seconds
     children = os.times()
     return CpuSample(

@@ -4,7 +4,14 @@
 each frame ``function (path:line)``); idle frames are left out by py-spy, so every sample
 is the server's Python thread on the CPU. Self time belongs to a stack's last frame;
 inclusive time to every distinct frame of a stack. Frames are grouped by function and
-file (line numbers dropped), and by package for a coarser split.
+file (line numbers dropped), and by package for a coarser split; SQLAlchemy's share is
+split further by what it was doing.
+
+SQLAlchemy's async engine runs its sync core in greenlets, and py-spy shows a greenlet's
+stack without the coroutine that awaits it: statements executed through ``AsyncConnection``
+appear as stacks rooted at ``Connection.execute``, not under the idempay function that
+issued them. Inclusive time of ``api/`` functions is therefore a lower bound; self time
+and the package split are exact.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
+_FRAME = re.compile(r"^(?P<function>\S+) \((?P<path>.*?)(?::(?P<line>\d+))?\)$")
+NATIVE = "(no Python frame: native code — uvloop, asyncpg's protocol, greenlet)"
 _SITE = re.compile(r".*/site-packages/")
 _STDLIB = re.compile(r".*/lib/python3\.\d+/")
 
@@ -48,6 +56,8 @@ def short_path(path: str) -> str:
 
 
 def package(path: str) -> str:
+    if path.startswith("<sqlalchemy"):  # SQLAlchemy's generated wrappers
+        return "sqlalchemy"
     short = short_path(path)
     if short.startswith("stdlib/"):
         return "stdlib:" + short.split("/")[1].removesuffix(".py")
@@ -63,12 +73,45 @@ def _frame(raw: str) -> tuple[str, str]:
     return f"{match['function']} ({short_path(path)})", package(path)
 
 
+# Where SQLAlchemy's own time goes, decided by the first marker found in the stack.
+_SQLALCHEMY_PHASES = (
+    ("cache key of each statement", ("cache_key.py", "_gen_cache_key", "_static_cache_key")),
+    ("compiled-statement cache lookup", ("_compile_w_cache", "compiler.py:")),
+    ("connection pool", ("sqlalchemy/pool/",)),
+    (
+        "execution context, parameters, results",
+        ("engine/default.py", "engine/cursor.py", "engine/result.py", "engine/row.py"),
+    ),
+    (
+        "building statements (insert().values(), where)",
+        (
+            "coercions.py",
+            "dml.py",
+            "_generative",
+            "BindParameter.__init__",
+            "selectable.py",
+            "default_comparator.py",
+            "operators.py",
+        ),
+    ),
+    ("async adaptation (greenlet, asyncpg adapter)", ("greenlet", "dialects/postgresql/asyncpg")),
+)
+
+
+def sqlalchemy_phase(stack: str) -> str:
+    for phase, markers in _SQLALCHEMY_PHASES:
+        if any(marker in stack for marker in markers):
+            return phase
+    return "other"
+
+
 @dataclass(slots=True)
 class Profile:
     samples: int = 0
     self_time: Counter[str] = field(default_factory=Counter)
     inclusive: Counter[str] = field(default_factory=Counter)
     packages: Counter[str] = field(default_factory=Counter)
+    sqlalchemy: Counter[str] = field(default_factory=Counter)
 
     def top(self, counter: Counter[str], n: int) -> list[tuple[str, int, float]]:
         total = self.samples or 1
@@ -79,16 +122,16 @@ def parse(text: str) -> Profile:
     profile = Profile()
     for line in text.splitlines():
         stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
+        if not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = [_frame(raw) for raw in stack.split(";") if raw.strip()]
-        if not frames:
-            continue
+        frames = [_frame(raw) for raw in stack.split(";") if raw.strip()] or [(NATIVE, "native")]
         profile.samples += count
         leaf, leaf_package = frames[-1]
         profile.self_time[leaf] += count
         profile.packages[leaf_package] += count
+        if leaf_package == "sqlalchemy":
+            profile.sqlalchemy[sqlalchemy_phase(stack)] += count
         for name in {name for name, _ in frames}:
             profile.inclusive[name] += count
     return profile

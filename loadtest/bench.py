@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import signal
 import statistics
 import sys
@@ -38,6 +37,7 @@ from loadtest import _bench_pgbench as pgbench
 from loadtest import _bench_profile as profiling
 from loadtest._bench_driver import SCENARIOS, Load, run_load
 from loadtest._bench_env import (
+    PG_ADMIN,
     Server,
     cpu_delta,
     create_database,
@@ -49,6 +49,7 @@ from loadtest._bench_env import (
     sample_cpu,
 )
 from loadtest._bench_report import ERROR_BUDGET_PCT, ratios, render, render_profile, summarize
+from loadtest._bench_waits import WaitSampler
 
 PG_HEADROOM = 10  # connections left to everything else on this machine's shared Postgres
 MIN_PGBENCH_CLIENTS = 5
@@ -69,6 +70,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-raw", type=Path, help="keep py-spy's collapsed stacks here")
     parser.add_argument("--no-pgbench", action="store_true", help="skip the pgbench ceiling")
     parser.add_argument("--pgbench-clients", type=int, default=50, help="pgbench -c (50)")
+    parser.add_argument(
+        "--pgbench-no-outbox",
+        action="store_true",
+        help="add a pgbench variant without the outbox statements to the rotation",
+    )
     return parser.parse_args(argv)
 
 
@@ -83,13 +89,18 @@ class Bench:
         self.profile: profiling.Profile | None = None
         self.profile_note = ""
         self.pgbench_note = "" if self.pgbench else "pgbench not installed"
+        self.scripts: dict[str, Path] = {}
+        self.server: Server | None = None
+        self.waits: WaitSampler | None = None
 
     def run(self, database: str) -> None:
         self.api_key = prepare_database(database)
+        self.database = database
         self.server = Server(database, self.workdir / "server.log")
         self.server.start()
-        self.database = database
-        self.script = pgbench.write_script(self.workdir) if self.pgbench else None
+        self.waits = WaitSampler(PG_ADMIN, database)
+        self.waits.start()
+        self.scripts = {name: pgbench.write_script(self.workdir, name) for name in self.pgbenches}
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as executor:
             self.executor = executor
@@ -102,12 +113,26 @@ class Bench:
             if self.args.profile:
                 self._profile()
 
+    def close(self) -> None:
+        """Stop the sampler and the server (its whole process group); safe to call twice."""
+        if self.waits is not None:
+            self.waits.stop()
+        if self.server is not None:
+            self.server.stop()
+
     def load(self, scenario: str, seconds: float, pool: tuple[str, ...] = ()) -> Load:
+        assert self.server is not None
         return Load(self.server.url, self.api_key, scenario, seconds, self.args.concurrency, pool)
 
     @property
+    def pgbenches(self) -> list[str]:
+        if not self.pgbench:
+            return []
+        return ["pgbench", *(["pgbench-no-outbox"] if self.args.pgbench_no_outbox else [])]
+
+    @property
     def order(self) -> list[str]:
-        return [*SCENARIOS, *(["pgbench"] if self.pgbench else [])]
+        return [*SCENARIOS, *self.pgbenches]
 
     def _seed(self) -> None:
         self.pool = tuple(str(uuid.uuid4()) for _ in range(self.args.pool))
@@ -121,13 +146,28 @@ class Bench:
             self.executor.submit(
                 run_load, self.load(scenario, self.args.warmup, self.pool)
             ).result()
-        if self.pgbench and self.script:
-            pgbench.run(self.pgbench, self.script, self.database, seconds=1, clients=10, threads=2)
+        for script in self.scripts.values():
+            assert self.pgbench
+            pgbench.run(self.pgbench, script, self.database, seconds=1, clients=10, threads=2)
 
     def _measure(self, scenario: str, number: int) -> None:
-        before = sample_cpu(self.server.pid)
-        if scenario == "pgbench":
-            row = self._pgbench_round()
+        assert self.waits is not None
+        self.waits.scenario = scenario
+        try:
+            row = self._measure_one(scenario)
+        finally:
+            self.waits.scenario = None
+        self.rounds.append({"scenario": scenario, "round": number + 1, **row})
+        self.console.print(
+            f"[dim]round {number + 1}/{self.args.rounds}  {scenario:<9} {row['rate']:>8,.0f}/s"
+            f"  errors {row['errors']}[/]"
+        )
+
+    def _measure_one(self, scenario: str) -> dict[str, Any]:
+        assert self.server is not None
+        before = sample_cpu(self.server.pid, self.database)
+        if scenario in self.scripts:
+            row = self._pgbench_round(self.scripts[scenario])
         else:
             result = self.executor.submit(
                 run_load, self.load(scenario, self.args.seconds, self.pool)
@@ -141,17 +181,13 @@ class Bench:
                 "generator_cpu_s": result.cpu_s,
                 "statuses": result.statuses,
             }
-        row["cpu"] = cpu_delta(before, sample_cpu(self.server.pid))
-        if scenario == "pgbench":
+        row["cpu"] = cpu_delta(before, sample_cpu(self.server.pid, self.database))
+        if scenario in self.scripts:
             row["generator_cpu_s"] = row["cpu"]["children_s"]
-        self.rounds.append({"scenario": scenario, "round": number + 1, **row})
-        self.console.print(
-            f"[dim]round {number + 1}/{self.args.rounds}  {scenario:<9} {row['rate']:>8,.0f}/s"
-            f"  errors {row['errors']}[/]"
-        )
+        return row
 
-    def _pgbench_round(self) -> dict[str, Any]:
-        assert self.pgbench and self.script
+    def _pgbench_round(self, script: Path) -> dict[str, Any]:
+        assert self.pgbench
         seconds = max(1, round(self.args.seconds))
         clients = min(self.args.pgbench_clients, free_connection_slots() - PG_HEADROOM)
         if clients < MIN_PGBENCH_CLIENTS:
@@ -159,7 +195,7 @@ class Bench:
         else:
             result = pgbench.run(
                 self.pgbench,
-                self.script,
+                script,
                 self.database,
                 seconds=seconds,
                 clients=clients,
@@ -182,6 +218,7 @@ class Bench:
         if py_spy is None:
             self.profile_note = "py-spy not installed"
             return
+        assert self.server is not None
         seconds = self.args.profile_seconds
         future = self.executor.submit(run_load, self.load("create", seconds + 3.0))
         time.sleep(1.5)
@@ -203,7 +240,7 @@ class Bench:
             rounds = [r for r in self.rounds if r["scenario"] == scenario and r.get("ok", True)]
             if rounds:
                 out[scenario] = summarize(rounds, self.latencies.get(scenario, []))
-                if scenario == "pgbench":
+                if scenario in self.scripts:
                     out[scenario]["latency_avg_ms"] = statistics.median(
                         r["latency_avg_ms"] for r in rounds
                     )
@@ -227,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench.run(database)
                 postgres = postgres_settings(database)
             finally:
-                if hasattr(bench, "server"):
-                    bench.server.stop()
+                bench.close()
     finally:
         drop_database(database)
     figures = bench.figures()
@@ -239,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {machine['python']} · Postgres {postgres['version']} · generator on the same "
         f"machine · concurrency {args.concurrency} · {args.rounds} rounds × {args.seconds:g} s"
     )
-    render(console, figures, derived, {"title": title, "pgbench_note": bench.pgbench_note})
+    waits = {name: bench.waits.summary(name) for name in figures} if bench.waits else {}
+    context = {"title": title, "pgbench_note": bench.pgbench_note, "waits": waits}
+    render(console, figures, derived, context)
     if args.profile:
         if bench.profile is not None:
             render_profile(console, bench.profile)
@@ -252,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         or not figures[name]["requests"]
     ]
     if args.json:
-        _write_json(args, bench, machine, postgres, started, figures, derived)
+        _write_json(args, bench, machine, postgres, started, figures, derived, waits)
     if failed:
         console.print(f"[red]FAILED[/]: errors over {ERROR_BUDGET_PCT} % in {', '.join(failed)}")
         return 1
@@ -267,15 +305,17 @@ def _write_json(
     started: datetime,
     figures: dict[str, Any],
     derived: dict[str, Any],
+    waits: dict[str, Any],
 ) -> None:
     document: dict[str, Any] = {
         "command": " ".join(["python -m loadtest.bench", *sys.argv[1:]]),
         "started_at": started.isoformat(),
-        "machine": {**machine, "generator": "same machine, separate process", "pid": os.getpid()},
+        "machine": {**machine, "generator": "same machine, separate process"},
         "postgres": postgres,
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "figures": figures,
         "ratios": derived,
+        "postgres_backends": waits,
         "rounds": bench.rounds,
     }
     if bench.profile is not None:
@@ -283,6 +323,7 @@ def _write_json(
             "samples": bench.profile.samples,
             "self": bench.profile.top(bench.profile.self_time, 30),
             "packages": bench.profile.top(bench.profile.packages, 30),
+            "sqlalchemy": bench.profile.top(bench.profile.sqlalchemy, 10),
             "inclusive": bench.profile.top(bench.profile.inclusive, 60),
         }
     args.json.write_text(json.dumps(document, indent=2) + "\n")
