@@ -1,0 +1,143 @@
+"""Benchmark: the Spark audit vs. a DuckDB single-node reference, on the same Parquet lake.
+
+    .venv/bin/python -m analytics.bench_audit --events 1000000 --days 7 --master 'local[2]'
+
+Synthesizes the lake (``idempay lake synth``; skipped with ``--lake`` of an existing one),
+then, in one run: the Spark audit exactly as ``idempay audit`` runs it (all outputs and
+report.html written; session start timed apart) and DuckDB computing the daily summary.
+Both engines' daily summaries are compared row by row, so the figures are for the same
+answer. Prints a table and, with ``--json``, writes the figures to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+from analytics import duckdb_reference
+from analytics.metrics import SUMMARY_COLUMNS
+
+
+def _synth(lake: Path, *, events: int, days: int, seed: int) -> tuple[int, float]:
+    from analytics.synth import SynthConfig, synthesize
+
+    started = time.perf_counter()
+    config = SynthConfig(
+        lake=lake, days=days, events_per_day=math.ceil(events / days), seed=seed, violations=1
+    )
+    result = synthesize(config)
+    return result.events, time.perf_counter() - started
+
+
+def _lake_events(lake: Path) -> int:
+    import pyarrow.dataset as ds
+
+    return int(ds.dataset(lake / "request_events", format="parquet").count_rows())
+
+
+def _spark(lake: Path, out: Path, *, start: date, end: date, master: str) -> dict[str, Any]:
+    from analytics.jobs.daily_audit import run_audit
+    from analytics.session import build_session
+
+    started = time.perf_counter()
+    spark = build_session(master)
+    session_s = time.perf_counter() - started
+    try:
+        job_started = time.perf_counter()
+        result = run_audit(spark, lake=str(lake), out=out, start=start, end=end)
+        job_s = time.perf_counter() - job_started
+    finally:
+        spark.stop()
+    return {
+        "session_s": session_s,
+        "job_s": job_s,
+        "wall_s": time.perf_counter() - started,
+        "summary": result.rows["daily_summary"],
+    }
+
+
+def _duckdb(lake: Path, *, start: date, end: date, threads: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    rows = duckdb_reference.daily_summary(lake, start=start, end=end, threads=threads)
+    return {"wall_s": time.perf_counter() - started, "summary": rows}
+
+
+def compare(spark_rows: list[dict[str, Any]], duck_rows: list[dict[str, Any]]) -> list[str]:
+    """Differences between the engines' daily summaries (empty: the same answer)."""
+    if len(spark_rows) != len(duck_rows):
+        return [f"row count: spark {len(spark_rows)} vs duckdb {len(duck_rows)}"]
+    problems = []
+    for s_row, d_row in zip(spark_rows, duck_rows, strict=True):
+        for column in SUMMARY_COLUMNS:
+            a, b = s_row[column], d_row[column]
+            same = (a is None and b is None) or (
+                a is not None and b is not None and
+                (a == b if isinstance(a, str) else math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9))
+            )  # fmt: skip
+            if not same:
+                problems.append(
+                    f"{s_row['event_date']} {s_row['merchant_id']} {column}: {a} vs {b}"
+                )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--days", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--duckdb-threads", type=int, default=2)
+    parser.add_argument("--lake", type=Path, default=None, help="an existing lake to reuse")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="idempay-bench-audit-"))
+    figures: dict[str, Any] = {"master": args.master, "duckdb_threads": args.duckdb_threads}
+    if args.lake is None:
+        lake = work / "lake"
+        events, synth_s = _synth(lake, events=args.events, days=args.days, seed=args.seed)
+        figures["synth_s"] = round(synth_s, 2)
+    else:
+        lake = args.lake
+        events = _lake_events(lake)
+    days = sorted(p.name.split("=", 1)[1] for p in (lake / "request_events").glob("event_date=*"))
+    start, end = date.fromisoformat(days[0]), date.fromisoformat(days[-1])
+    if args.lake is None:  # not the day after, which holds only what ran past midnight
+        end = min(end, start + timedelta(days=args.days - 1))
+    figures.update(events=events, start=start.isoformat(), end=end.isoformat())
+
+    spark = _spark(lake, work / "out", start=start, end=end, master=args.master)
+    duck = _duckdb(lake, start=start, end=end, threads=args.duckdb_threads)
+    problems = compare(spark["summary"], duck["summary"])
+    figures.update(
+        spark_session_s=round(spark["session_s"], 2),
+        spark_job_s=round(spark["job_s"], 2),
+        spark_wall_s=round(spark["wall_s"], 2),
+        spark_events_per_s=round(events / spark["wall_s"]),
+        spark_job_events_per_s=round(events / spark["job_s"]),
+        duckdb_wall_s=round(duck["wall_s"], 2),
+        duckdb_events_per_s=round(events / duck["wall_s"]),
+        summary_rows=len(spark["summary"]),
+        engines_agree=not problems,
+        out=str(work / "out"),
+    )
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
+        sys.stdout.write(f"{key:<{width}}  {value}\n")
+    for problem in problems[:20]:
+        sys.stdout.write(f"DIFF {problem}\n")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

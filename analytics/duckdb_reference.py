@@ -1,0 +1,154 @@
+"""The daily summary's metrics in DuckDB SQL: a single-node reference for the benchmark and
+an independent second implementation of SPEC §5 (the benchmark compares the two engines'
+answers row by row). Same definitions as ``analytics.transforms``; quantile_cont is the
+same linear interpolation as Spark's exact ``percentile``.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+RESOLVING = "('found', 'created', 'replayed', 'aborted', 'fenced')"
+
+SQL = """
+CREATE OR REPLACE TEMP VIEW ev AS
+  SELECT *, CAST(ts AS DATE) AS event_date
+  FROM read_parquet('{lake}/request_events/*/*.parquet', hive_partitioning = false);
+CREATE OR REPLACE TEMP VIEW tx AS
+  SELECT * FROM read_parquet('{lake}/transactions/*/*.parquet', hive_partitioning = false);
+CREATE OR REPLACE TEMP VIEW le AS
+  SELECT * FROM read_parquet('{lake}/ledger_entries/*/*.parquet', hive_partitioning = false);
+
+CREATE OR REPLACE TEMP TABLE keys AS
+WITH first_lookup AS (
+  SELECT merchant_id, idempotency_key, min(ts) FILTER (WHERE endpoint = 'lookup') AS fl
+  FROM ev GROUP BY ALL
+), k AS (
+  SELECT e.merchant_id, e.idempotency_key,
+    CAST(min(e.ts) AS DATE) AS event_date,
+    bool_or(endpoint = 'create' AND outcome = 'created') AS is_transaction,
+    count(*) FILTER (WHERE endpoint = 'create' AND outcome <> 'key_reused') AS attempts,
+    count(*) FILTER (WHERE endpoint = 'lookup') AS lookups,
+    min(e.ts) FILTER (WHERE endpoint = 'create') AS first_create,
+    min(e.ts) FILTER (WHERE outcome IN {resolving} AND e.ts >= fl) AS resolved,
+    bool_or(endpoint = 'abort' AND outcome = 'aborted') AS aborted,
+    bool_or(endpoint = 'create' AND outcome = 'expired') AS expired,
+    bool_or(endpoint = 'reversal' AND outcome = 'reversed') AS reversed
+  FROM ev e JOIN first_lookup USING (merchant_id, idempotency_key)
+  GROUP BY e.merchant_id, e.idempotency_key
+)
+SELECT *, is_transaction AND attempts >= 2 AS is_retried,
+  is_transaction AND lookups >= 1 AS is_in_doubt,
+  CASE WHEN is_transaction AND lookups >= 1
+    THEN (epoch_us(resolved) - epoch_us(first_create)) / 1e6 END AS resolution_s
+FROM k;
+
+CREATE OR REPLACE TEMP TABLE suspects AS
+WITH ordered AS (
+  SELECT *, lag(transaction_id) OVER w AS first_id, lag(created_at) OVER w AS first_at
+  FROM tx WHERE type = 'purchase' AND status = 'approved'
+  WINDOW w AS (PARTITION BY merchant_id, terminal_id, card_fingerprint, amount, currency
+               ORDER BY created_at, transaction_id)
+)
+SELECT CAST(created_at AS DATE) AS event_date, merchant_id
+FROM ordered
+WHERE first_id IS NOT NULL AND first_id <> transaction_id
+  AND epoch_us(created_at) - epoch_us(first_at) <= 120000000;
+
+CREATE OR REPLACE TEMP TABLE violations AS
+WITH known AS (SELECT merchant_id, transaction_id, min(created_at) AS at FROM tx GROUP BY ALL),
+charges AS (SELECT * FROM le WHERE kind = 'charge'),
+doubled AS (
+  SELECT CAST(k.at AS DATE) AS event_date, c.merchant_id
+  FROM (SELECT merchant_id, transaction_id FROM charges GROUP BY ALL HAVING count(*) > 1) c
+  JOIN known k USING (merchant_id, transaction_id)
+)
+SELECT * FROM doubled
+UNION ALL
+SELECT CAST(c.created_at AS DATE), c.merchant_id FROM charges c
+ANTI JOIN known k USING (merchant_id, transaction_id);
+"""
+
+SUMMARY = """
+WITH e AS (
+  SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id,
+    count(*) FILTER (WHERE endpoint = 'create') AS create_requests,
+    count(*) FILTER (WHERE endpoint = 'create' AND outcome IN ('replayed', 'in_progress'))
+      AS duplicate_requests,
+    count(*) FILTER (WHERE endpoint = 'lookup' AND outcome = 'found') AS found,
+    count(*) FILTER (WHERE endpoint = 'lookup' AND outcome IN ('found', 'not_found')) AS answered,
+    count(*) FILTER (WHERE endpoint = 'create' AND outcome = 'key_reused') AS key_reused,
+    quantile_cont(latency_ms, 0.5) FILTER (WHERE endpoint = 'create') AS create_p50_ms,
+    quantile_cont(latency_ms, 0.95) FILTER (WHERE endpoint = 'create') AS create_p95_ms,
+    quantile_cont(latency_ms, 0.99) FILTER (WHERE endpoint = 'create') AS create_p99_ms
+  FROM ev GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
+), k AS (
+  SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id,
+    count(*) FILTER (WHERE is_transaction) AS transactions,
+    count(*) FILTER (WHERE is_retried) AS retried_transactions,
+    count(*) FILTER (WHERE is_in_doubt) AS in_doubt_transactions,
+    count(*) FILTER (WHERE aborted) AS aborted,
+    count(*) FILTER (WHERE expired) AS expired,
+    count(*) FILTER (WHERE reversed) AS reversed,
+    quantile_cont(resolution_s, 0.5) AS in_doubt_resolution_p50_s,
+    quantile_cont(resolution_s, 0.95) AS in_doubt_resolution_p95_s
+  FROM keys GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
+), s AS (
+  SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id, count(*) AS n
+  FROM suspects GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
+), v AS (
+  SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id, count(*) AS n
+  FROM violations GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
+), days AS (
+  SELECT CAST(d AS DATE) AS event_date, 'ALL' AS merchant_id
+  FROM generate_series(DATE '{start}', DATE '{end}', INTERVAL 1 DAY) t(d)
+)
+SELECT event_date, merchant_id,
+  coalesce(transactions, 0) AS transactions,
+  coalesce(create_requests, 0) AS create_requests,
+  coalesce(retried_transactions, 0) AS retried_transactions,
+  coalesce(retried_transactions / nullif(transactions, 0), 0.0) AS retry_rate,
+  coalesce(duplicate_requests, 0) AS duplicate_requests,
+  coalesce(duplicate_requests / nullif(create_requests, 0), 0.0) AS duplicate_rate,
+  coalesce(in_doubt_transactions, 0) AS in_doubt_transactions,
+  coalesce(in_doubt_transactions / nullif(transactions, 0), 0.0) AS in_doubt_rate,
+  coalesce(found / nullif(answered, 0), 0.0) AS lookup_found_rate,
+  in_doubt_resolution_p50_s, in_doubt_resolution_p95_s,
+  coalesce(key_reused, 0) AS key_reused,
+  coalesce(aborted, 0) AS aborted,
+  coalesce(expired, 0) AS expired,
+  coalesce(reversed, 0) AS reversed,
+  coalesce(s.n, 0) AS suspected_double_charges,
+  coalesce(v.n, 0) AS exactly_once_violations,
+  create_p50_ms, create_p95_ms, create_p99_ms
+FROM e FULL JOIN k USING (event_date, merchant_id)
+  FULL JOIN s USING (event_date, merchant_id)
+  FULL JOIN v USING (event_date, merchant_id)
+  FULL JOIN days USING (event_date, merchant_id)
+WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
+ORDER BY event_date, merchant_id = 'ALL', merchant_id
+"""
+
+
+def daily_summary(lake: Path, *, start: date, end: date, threads: int) -> list[dict[str, Any]]:
+    """The daily summary's rows (dates as ISO strings), computed by DuckDB."""
+    conn = duckdb.connect()
+    try:
+        conn.execute(f"SET threads = {int(threads)}")
+        conn.execute("SET TimeZone = 'UTC'")
+        conn.execute(SQL.format(lake=Path(lake).as_posix(), resolving=RESOLVING))
+        cursor = conn.execute(SUMMARY.format(start=start.isoformat(), end=end.isoformat()))
+        columns = [d[0] for d in cursor.description]
+        return [
+            {
+                c: (v.isoformat() if isinstance(v, date) else v)
+                for c, v in zip(columns, row, strict=True)
+            }
+            for row in cursor.fetchall()
+        ]
+    finally:
+        conn.close()

@@ -1,0 +1,158 @@
+"""The lake's physical contract (SPEC §5): Arrow schemas and the day-partition writer.
+
+One definition shared by ``idempay export`` (the server's data), ``idempay lake synth``
+(synthetic data) and the tests. Layout::
+
+    LAKE/request_events/event_date=YYYY-MM-DD/part-0.parquet   (by ts, UTC)
+    LAKE/transactions/event_date=YYYY-MM-DD/part-0.parquet     (by created_at, UTC)
+    LAKE/ledger_entries/event_date=YYYY-MM-DD/part-0.parquet   (by created_at, UTC)
+
+The partition column lives only in the directory name (Hive style); the files hold exactly
+the contract's columns. A partition is replaced atomically: the new file is written under a
+hidden temporary directory (readers skip names starting with ``.``) and renamed into place,
+so a reader sees the old day or the new day, never a half-written one, and re-exporting a
+day is idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import date
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+PART_FILE = "part-0.parquet"
+
+REQUEST_EVENTS = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("ts", TIMESTAMP),
+        ("merchant_id", pa.string()),
+        ("terminal_id", pa.string()),
+        ("idempotency_key", pa.string()),
+        ("endpoint", pa.string()),
+        ("outcome", pa.string()),
+        ("http_status", pa.int32()),
+        ("attempt", pa.int32()),
+        ("network", pa.string()),
+        ("latency_ms", pa.float64()),
+    ]
+)
+
+TRANSACTIONS = pa.schema(
+    [
+        ("transaction_id", pa.string()),
+        ("merchant_id", pa.string()),
+        ("terminal_id", pa.string()),
+        ("type", pa.string()),
+        ("amount", pa.int64()),
+        ("currency", pa.string()),
+        ("card_fingerprint", pa.string()),
+        ("status", pa.string()),
+        ("created_at", TIMESTAMP),
+        ("processed_at", TIMESTAMP),
+        ("reversed_at", TIMESTAMP),
+    ]
+)
+
+LEDGER_ENTRIES = pa.schema(
+    [
+        ("entry_id", pa.string()),
+        ("transaction_id", pa.string()),
+        ("merchant_id", pa.string()),
+        ("amount", pa.int64()),
+        ("currency", pa.string()),
+        ("kind", pa.string()),
+        ("created_at", TIMESTAMP),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "request_events": REQUEST_EVENTS,
+    "transactions": TRANSACTIONS,
+    "ledger_entries": LEDGER_ENTRIES,
+}
+
+# The column whose UTC date names the partition.
+PARTITION_BY = {
+    "request_events": "ts",
+    "transactions": "created_at",
+    "ledger_entries": "created_at",
+}
+
+
+def partition_dir(lake: Path, table: str, day: date) -> Path:
+    return Path(lake) / table / f"event_date={day.isoformat()}"
+
+
+def write_partition(
+    lake: Path, table: str, day: date, batches: Iterable[pa.RecordBatch | pa.Table]
+) -> tuple[Path, int]:
+    """Replace ``table``'s partition for ``day`` with ``batches``; returns (file, rows).
+
+    An empty iterable writes an empty file with the schema: the day was exported and had
+    nothing, which a later re-export must be able to overwrite too.
+    """
+    schema = TABLES[table]
+    final = partition_dir(lake, table, day)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    rows = 0
+    try:
+        with pq.ParquetWriter(tmp / PART_FILE, schema, compression="zstd") as writer:
+            for batch in batches:
+                part = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+                writer.write_table(part.cast(schema))
+                rows += part.num_rows
+        _fsync(tmp / PART_FILE)
+        _swap_in(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / PART_FILE, rows
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Atomic on POSIX: a new day is one directory rename, an existing day one file rename."""
+    try:
+        os.rename(tmp, final)
+        return
+    except OSError:
+        if not final.is_dir():
+            raise
+    os.replace(tmp / PART_FILE, final / PART_FILE)
+    for stray in final.iterdir():  # files an older writer left under other names
+        if stray.name != PART_FILE:
+            if stray.is_dir():
+                shutil.rmtree(stray)
+            else:
+                stray.unlink()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rows_to_batches(
+    table: str, rows: Iterable[dict[str, object]], *, batch_rows: int = 50_000
+) -> Iterator[pa.RecordBatch]:
+    """Python row dicts (keys = the contract's columns) → record batches of the schema."""
+    schema = TABLES[table]
+    chunk: list[dict[str, object]] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= batch_rows:
+            yield pa.RecordBatch.from_pylist(chunk, schema=schema)
+            chunk = []
+    if chunk:
+        yield pa.RecordBatch.from_pylist(chunk, schema=schema)

@@ -1,0 +1,108 @@
+"""The audit's output columns, in SPEC §5's order (the CSV headers are part of the contract).
+
+Plain lists, no Spark: the job, the report and the DuckDB reference all name columns from
+here.
+"""
+
+from __future__ import annotations
+
+FLEET = "ALL"
+
+# daily_summary: event_date, merchant_id, then the metric table of SPEC §5 in order.
+METRIC_COLUMNS = [
+    "transactions",
+    "create_requests",
+    "retried_transactions",
+    "retry_rate",
+    "duplicate_requests",
+    "duplicate_rate",
+    "in_doubt_transactions",
+    "in_doubt_rate",
+    "lookup_found_rate",
+    "in_doubt_resolution_p50_s",
+    "in_doubt_resolution_p95_s",
+    "key_reused",
+    "aborted",
+    "expired",
+    "reversed",
+    "suspected_double_charges",
+    "exactly_once_violations",
+    "create_p50_ms",
+    "create_p95_ms",
+    "create_p99_ms",
+]
+SUMMARY_COLUMNS = ["event_date", "merchant_id", *METRIC_COLUMNS]
+
+# Integer metrics: 0 (never null) when nothing happened.
+COUNT_COLUMNS = [
+    "transactions",
+    "create_requests",
+    "retried_transactions",
+    "duplicate_requests",
+    "in_doubt_transactions",
+    "key_reused",
+    "aborted",
+    "expired",
+    "reversed",
+    "suspected_double_charges",
+    "exactly_once_violations",
+]
+RATE_COLUMNS = ["retry_rate", "duplicate_rate", "in_doubt_rate", "lookup_found_rate"]
+
+RANKING_COLUMNS = [
+    "event_date",
+    "merchant_id",
+    "terminal_id",
+    "transactions",
+    "retried_transactions",
+    "retry_rate",
+    "rank",
+]
+
+DOUBLE_CHARGE_COLUMNS = [
+    "event_date",
+    "merchant_id",
+    "terminal_id",
+    "card_fingerprint",
+    "amount",
+    "currency",
+    "first_transaction_id",
+    "second_transaction_id",
+    "seconds_apart",
+]
+
+VIOLATION_COLUMNS = [
+    "event_date",
+    "merchant_id",
+    "transaction_id",
+    "violation",
+    "charge_entries",
+    "entry_id",
+]
+
+NETWORK_COLUMNS = [
+    "event_date",
+    "network",
+    "transactions",
+    "create_requests",
+    "retried_transactions",
+    "retry_rate",
+    "duplicate_requests",
+    "duplicate_rate",
+    "in_doubt_transactions",
+    "in_doubt_rate",
+    "lookup_found_rate",
+]
+
+TREND_COLUMNS = [
+    "event_date",
+    "transactions",
+    "create_requests",
+    "retry_rate",
+    "duplicate_rate",
+    "in_doubt_rate",
+    "lookup_found_rate",
+    "suspected_double_charges",
+    "exactly_once_violations",
+    "create_p95_ms",
+]

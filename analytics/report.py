@@ -1,0 +1,320 @@
+"""``report.html``: the finance report, one self-contained file (SPEC §5).
+
+Inline CSS and inline SVG charts only: no script, no font, no image, no URL, so it opens
+offline exactly as it was written. Every exactly-once violation is named in a red banner
+at the top with its day and transaction id.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import date
+from html import escape
+from typing import Any
+
+from analytics.charts import bar_chart, line_chart, percent
+from analytics.metrics import FLEET
+
+Rows = list[dict[str, Any]]
+TOP_TERMINALS = 15
+MAX_SUSPECT_ROWS = 500
+HEADLINE_COUNTS = [
+    "transactions",
+    "create_requests",
+    "retried_transactions",
+    "duplicate_requests",
+    "in_doubt_transactions",
+    "key_reused",
+    "aborted",
+    "expired",
+    "reversed",
+    "suspected_double_charges",
+    "exactly_once_violations",
+]
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0
+
+
+@dataclass
+class AuditData:
+    """The audit's tables as plain rows (dates as ISO strings), ready to render."""
+
+    start: date
+    end: date
+    daily_summary: Rows = field(default_factory=list)
+    terminal_ranking: Rows = field(default_factory=list)
+    suspected_double_charges: Rows = field(default_factory=list)
+    exactly_once_violations: Rows = field(default_factory=list)
+    network_rates: Rows = field(default_factory=list)
+    daily_trend: Rows = field(default_factory=list)
+
+    @property
+    def fleet_days(self) -> Rows:
+        return [r for r in self.daily_summary if r["merchant_id"] == FLEET]
+
+    def headline(self) -> dict[str, Any]:
+        """Totals over the range, rates recomputed from the totals."""
+        totals = {name: sum(r[name] for r in self.fleet_days) for name in HEADLINE_COUNTS}
+        rates = {
+            "retry_rate": _ratio(totals["retried_transactions"], totals["transactions"]),
+            "duplicate_rate": _ratio(totals["duplicate_requests"], totals["create_requests"]),
+            "in_doubt_rate": _ratio(totals["in_doubt_transactions"], totals["transactions"]),
+        }
+        return {**totals, **rates}
+
+    def networks(self) -> Rows:
+        """Rates per network over the whole range (recomputed from counts)."""
+        sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        counts = [
+            "transactions",
+            "retried_transactions",
+            "create_requests",
+            "duplicate_requests",
+            "in_doubt_transactions",
+        ]
+        for row in self.network_rates:
+            for name in counts:
+                sums[row["network"]][name] += row[name]
+        return [
+            {
+                "network": network,
+                **{name: int(s[name]) for name in counts},
+                "retry_rate": _ratio(s["retried_transactions"], s["transactions"]),
+                "duplicate_rate": _ratio(s["duplicate_requests"], s["create_requests"]),
+                "in_doubt_rate": _ratio(s["in_doubt_transactions"], s["transactions"]),
+            }
+            for network, s in sorted(sums.items())
+            if s["transactions"] or s["create_requests"]
+        ]
+
+    def flakiest_terminals(self) -> Rows:
+        sums: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for row in self.terminal_ranking:
+            total = sums[(row["merchant_id"], row["terminal_id"] or "")]
+            total[0] += row["transactions"]
+            total[1] += row["retried_transactions"]
+        ranked = sorted(
+            (
+                {
+                    "merchant_id": merchant,
+                    "terminal_id": terminal,
+                    "transactions": t,
+                    "retried_transactions": r,
+                    "retry_rate": _ratio(r, t),
+                }
+                for (merchant, terminal), (t, r) in sums.items()
+            ),
+            key=lambda row: (-row["retry_rate"], -row["retried_transactions"], row["terminal_id"]),
+        )
+        return ranked[:TOP_TERMINALS]
+
+
+# ------------------------------------------------------------------------ HTML
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;
+max-width:1100px;color:#1d2330;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
+.muted{color:#667}.banner{padding:12px 16px;border-radius:6px;margin:16px 0;font-weight:600}
+.banner.bad{background:#c62828;color:#fff}.banner.ok{background:#e8f5e9;color:#1b5e20}
+.banner ul{margin:8px 0 0;font-weight:400}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(160px,1fr));gap:10px}
+.card{border:1px solid #dde;border-radius:6px;padding:10px}
+.card .v{font-size:20px;font-weight:650}.card .k{color:#667;font-size:12px}
+.charts{display:flex;flex-wrap:wrap;gap:12px}
+svg.chart{border:1px solid #eef;border-radius:6px;background:#fff}
+.grid{stroke:#e3e6ee}.axis,.legend{font-size:11px;fill:#667}
+.chart-title{font-size:13px;font-weight:600;fill:#1d2330}
+.series{fill:none;stroke:#1565c0;stroke-width:2}circle.point{fill:#1565c0}
+.s0{fill:#1565c0}.s1{fill:#ef6c00}.s2{fill:#6a1b9a}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{border-bottom:1px solid #e6e8ef;padding:4px 8px;text-align:right}
+th:first-child,td:first-child,td.t{text-align:left}th{background:#f5f6fa}
+code{font-size:12px}
+"""
+
+
+def _cell(value: Any, kind: str) -> str:
+    if value is None:
+        return "–"
+    if kind == "rate":
+        return percent(value)
+    if kind == "num":
+        return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
+    return f"<code>{escape(str(value))}</code>" if kind == "code" else escape(str(value))
+
+
+def _table(rows: Rows, columns: list[tuple[str, str, str]], empty: str) -> str:
+    if not rows:
+        return f'<p class="muted">{escape(empty)}</p>'
+    head = "".join(f"<th>{escape(label)}</th>" for _, label, _ in columns)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="{"t" if kind in ("text", "code") else ""}">{_cell(row[key], kind)}</td>'
+            for key, _, kind in columns
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _banner(violations: Rows) -> str:
+    if not violations:
+        return '<div class="banner ok" id="exactly-once">0 exactly-once violations.</div>'
+    items = "".join(
+        f'<li class="violation">{escape(v["event_date"])} · merchant '
+        f"<code>{escape(v['merchant_id'])}</code> · transaction "
+        f"<code>{escape(v['transaction_id'])}</code> · {escape(v['violation'])} "
+        f"({v['charge_entries']} charge entr{'y' if v['charge_entries'] == 1 else 'ies'})</li>"
+        for v in violations
+    )
+    return (
+        f'<div class="banner bad" id="exactly-once">{len(violations)} exactly-once '
+        f"violation{'s' if len(violations) != 1 else ''}: money was charged more than once "
+        f"or without a transaction. Investigate before settlement.<ul>{items}</ul></div>"
+    )
+
+
+def _cards(headline: dict[str, Any]) -> str:
+    shown = [
+        ("transactions", "transactions", "num"),
+        ("create_requests", "create requests", "num"),
+        ("retry_rate", "retry rate", "rate"),
+        ("duplicate_rate", "duplicate rate", "rate"),
+        ("in_doubt_rate", "in-doubt rate", "rate"),
+        ("key_reused", "key reused (client bugs)", "num"),
+        ("aborted", "aborted", "num"),
+        ("reversed", "reversed", "num"),
+        ("suspected_double_charges", "suspected double charges", "num"),
+        ("exactly_once_violations", "exactly-once violations", "num"),
+    ]
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card" data-metric="{key}"><div class="v">{_cell(headline[key], kind)}'
+            f'</div><div class="k">{escape(label)}</div></div>'
+            for key, label, kind in shown
+        )
+        + "</div>"
+    )
+
+
+def _trend_charts(data: AuditData) -> str:
+    days = data.daily_trend or data.fleet_days
+    labels = [row["event_date"] for row in days]
+    charts = [
+        line_chart(f"{title} per day", labels, [row[key] for row in days])
+        for key, title in (
+            ("retry_rate", "Retry rate"),
+            ("duplicate_rate", "Duplicate rate"),
+            ("in_doubt_rate", "In-doubt rate"),
+        )
+    ]
+    return f'<div class="charts" id="trend">{"".join(charts)}</div>'
+
+
+def _network_section(data: AuditData) -> str:
+    networks = data.networks()
+    labels = [row["network"] for row in networks]
+    chart = bar_chart(
+        "Rates by network",
+        labels,
+        [
+            ("retry", [row["retry_rate"] for row in networks]),
+            ("duplicate", [row["duplicate_rate"] for row in networks]),
+            ("in doubt", [row["in_doubt_rate"] for row in networks]),
+        ],
+    )
+    table = _table(
+        networks,
+        [
+            ("network", "network", "text"),
+            ("transactions", "transactions", "num"),
+            ("retry_rate", "retry rate", "rate"),
+            ("create_requests", "create requests", "num"),
+            ("duplicate_rate", "duplicate rate", "rate"),
+            ("in_doubt_rate", "in-doubt rate", "rate"),
+        ],
+        "No traffic in the range.",
+    )
+    return f'<div class="charts" id="networks">{chart}</div>{table}'
+
+
+def render(data: AuditData) -> str:
+    headline = data.headline()
+    suspects = data.suspected_double_charges
+    shown_suspects = suspects[:MAX_SUSPECT_ROWS]
+    more = len(suspects) - len(shown_suspects)
+    sections = [
+        "<h1>idempay — daily audit</h1>",
+        f'<p class="muted">{data.start.isoformat()} to {data.end.isoformat()} (UTC, '
+        "inclusive). Event metrics count on the event's day; key metrics on the day of the "
+        "key's first event.</p>",
+        _banner(data.exactly_once_violations),
+        "<h2>Headline</h2>",
+        _cards(headline),
+        "<h2>Daily trend</h2>",
+        _trend_charts(data),
+        "<h2>By network</h2>",
+        _network_section(data),
+        f"<h2>Flakiest terminals (top {TOP_TERMINALS} by retry rate)</h2>",
+        _table(
+            data.flakiest_terminals(),
+            [
+                ("merchant_id", "merchant", "code"),
+                ("terminal_id", "terminal", "text"),
+                ("transactions", "transactions", "num"),
+                ("retried_transactions", "retried", "num"),
+                ("retry_rate", "retry rate", "rate"),
+            ],
+            "No transactions in the range.",
+        ),
+        f"<h2>Suspected double charges ({len(suspects)})</h2>",
+        '<p class="muted">Approved purchases, same merchant, terminal, card, amount and '
+        "currency, ≤ 120 s apart under different keys: a client minted a new key.</p>",
+        _table(
+            shown_suspects,
+            [
+                ("event_date", "day", "text"),
+                ("merchant_id", "merchant", "code"),
+                ("terminal_id", "terminal", "text"),
+                ("amount", "amount", "num"),
+                ("currency", "currency", "text"),
+                ("first_transaction_id", "first", "code"),
+                ("second_transaction_id", "second", "code"),
+                ("seconds_apart", "seconds apart", "num"),
+            ],
+            "None.",
+        ),
+        f'<p class="muted">… and {more} more in suspected_double_charges.csv.</p>'
+        if more > 0
+        else "",
+        "<h2>Fleet per day</h2>",
+        _table(
+            data.fleet_days,
+            [
+                ("event_date", "day", "text"),
+                ("transactions", "transactions", "num"),
+                ("create_requests", "creates", "num"),
+                ("retry_rate", "retry", "rate"),
+                ("duplicate_rate", "duplicate", "rate"),
+                ("in_doubt_rate", "in doubt", "rate"),
+                ("lookup_found_rate", "lookup found", "rate"),
+                ("in_doubt_resolution_p95_s", "resolution p95 s", "num"),
+                ("create_p95_ms", "create p95 ms", "num"),
+                ("suspected_double_charges", "suspects", "num"),
+                ("exactly_once_violations", "violations", "num"),
+            ],
+            "No days.",
+        ),
+    ]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>idempay audit {data.start.isoformat()} – {data.end.isoformat()}</title>"
+        f"<style>{CSS}</style></head><body>{''.join(sections)}</body></html>\n"
+    )

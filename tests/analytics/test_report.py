@@ -1,0 +1,178 @@
+"""report.html in a real headless Chromium: the charts render, nothing is loaded from the
+network, and every exactly-once violation is named with its day and transaction id."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from analytics.report import AuditData, render
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-sync",
+    "--disable-extensions",
+    "--no-first-run",
+    "--metrics-recording-only",
+    "--dump-dom",
+]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "ensure_chromium.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _fleet(day: str, retry: float, duplicate: float, in_doubt: float) -> dict[str, object]:
+    counts = dict.fromkeys(
+        ["create_requests", "duplicate_requests", "in_doubt_transactions", "key_reused",
+         "aborted", "expired", "reversed", "suspected_double_charges",
+         "exactly_once_violations", "retried_transactions"],
+        1,
+    )  # fmt: skip
+    return {
+        "event_date": day,
+        "merchant_id": "ALL",
+        "transactions": 100,
+        **counts,
+        "retry_rate": retry,
+        "duplicate_rate": duplicate,
+        "in_doubt_rate": in_doubt,
+        "lookup_found_rate": 0.5,
+        "in_doubt_resolution_p95_s": 3.0,
+        "create_p95_ms": 120.0,
+    }
+
+
+def _audit() -> AuditData:
+    days = ["2026-11-20", "2026-11-21", "2026-11-22"]
+    network = {
+        "transactions": 50,
+        "create_requests": 52,
+        "retried_transactions": 2,
+        "duplicate_requests": 1,
+        "in_doubt_transactions": 3,
+    }
+    return AuditData(
+        start=date(2026, 11, 20),
+        end=date(2026, 11, 22),
+        daily_summary=[
+            _fleet(days[0], 0.01, 0.02, 0.03),
+            _fleet(days[1], 0.02, 0.01, 0.05),
+            _fleet(days[2], 0.015, 0.0, 0.04),
+        ],
+        terminal_ranking=[
+            {
+                "event_date": days[0],
+                "merchant_id": "mer_a",
+                "terminal_id": "T-0007",
+                "transactions": 10,
+                "retried_transactions": 3,
+                "retry_rate": 0.3,
+                "rank": 1,
+            },
+        ],  # fmt: skip
+        suspected_double_charges=[
+            {
+                "event_date": days[1],
+                "merchant_id": "mer_a",
+                "terminal_id": "T-0007",
+                "card_fingerprint": "ab" * 32,
+                "amount": 1250,
+                "currency": "BRL",
+                "first_transaction_id": "11111111-1111-4111-8111-111111111111",
+                "second_transaction_id": "22222222-2222-4222-8222-222222222222",
+                "seconds_apart": 12.5,
+            },
+        ],  # fmt: skip
+        exactly_once_violations=[
+            {
+                "event_date": days[0],
+                "merchant_id": "mer_a",
+                "transaction_id": "33333333-3333-4333-8333-333333333333",
+                "violation": "duplicate_charge",
+                "charge_entries": 2,
+                "entry_id": None,
+            },
+            {
+                "event_date": days[2],
+                "merchant_id": "mer_b",
+                "transaction_id": "44444444-4444-4444-8444-444444444444",
+                "violation": "charge_without_transaction",
+                "charge_entries": 1,
+                "entry_id": "e9",
+            },
+        ],  # fmt: skip
+        network_rates=[
+            {"event_date": days[0], "network": "gprs", **network},
+            {"event_date": days[0], "network": "wifi", **network},
+        ],
+    )
+
+
+def test_report_renders_offline_in_chromium(chromium: str, tmp_path: Path) -> None:
+    html = render(_audit())
+    assert not re.search(r"https?://", html), "the report must not reference any URL"
+    page = tmp_path / "report.html"
+    page.write_text(html, encoding="utf-8")
+    dom = subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert "<svg" in dom and "</body>" in dom
+    trend = re.search(r'<div class="charts" id="trend">(.*?)</div>', dom, flags=re.S)
+    assert trend is not None
+    # Three trend charts (retry, duplicate, in-doubt), one point per day each, at the
+    # values given: 1.0 %, 2.0 %, 1.5 % for the retry rate.
+    assert trend.group(1).count("<svg") == 3
+    points = re.findall(
+        r'<circle class="point"[^>]*data-date="([\d-]+)" data-value="([\d.]+)"', dom
+    )
+    assert len(points) == 9
+    assert points[:3] == [
+        ("2026-11-20", "0.010000"),
+        ("2026-11-21", "0.020000"),
+        ("2026-11-22", "0.015000"),
+    ]
+    polylines = re.findall(r'<polyline class="series" points="([^"]+)"', dom)
+    assert len(polylines) == 3 and all(len(p.split()) == 3 for p in polylines)
+    bars = re.findall(r'<rect class="point bar[^"]*"[^>]*data-group="(\w+)"', dom)
+    assert sorted(set(bars)) == ["gprs", "wifi"] and len(bars) == 6  # 3 rates × 2 networks
+    banner = re.search(r'<div class="banner bad" id="exactly-once">(.*?)</div>', dom, re.S)
+    assert banner is not None
+    assert "2 exactly-once violations" in banner.group(1)
+    for day, transaction_id in [
+        ("2026-11-20", "33333333-3333-4333-8333-333333333333"),
+        ("2026-11-22", "44444444-4444-4444-8444-444444444444"),
+    ]:
+        assert re.search(rf"{day}[^<]*<[^>]*>[^<]*</code>[^<]*<code>{transaction_id}", banner[1])
+    assert "22222222-2222-4222-8222-222222222222" in dom  # the suspect is listed
+    assert not re.search(r"https?://", dom)
+
+
+def test_report_without_violations_says_so(tmp_path: Path) -> None:
+    audit = _audit()
+    audit.exactly_once_violations = []
+    html = render(audit)
+    assert 'class="banner ok"' in html and "0 exactly-once violations" in html
+    assert 'class="banner bad"' not in html
