@@ -82,7 +82,9 @@ def _free_port() -> int:
 class Server:
     """``python -m api serve --workers 1`` in its own process group, logging to a file."""
 
-    def __init__(self, database: str, log_path: Path) -> None:
+    def __init__(
+        self, database: str, log_path: Path, *, redis_url: str = "", redis_prefix: str = ""
+    ) -> None:
         self.port = _free_port()
         self.log_path = log_path
         self.env = {
@@ -92,7 +94,8 @@ class Server:
             "IDEMPAY_LOG_LEVEL": "WARNING",
             "IDEMPAY_RATE_LIMIT": "1000000/second",
             "IDEMPAY_RATE_LIMIT_TERMINAL": "1000000/second",
-            "IDEMPAY_REDIS_URL": "",
+            "IDEMPAY_REDIS_URL": redis_url,
+            "IDEMPAY_REDIS_PREFIX": redis_prefix or "idempay:",
         }
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import signal
 import statistics
 import sys
@@ -51,6 +52,22 @@ from loadtest._bench_env import (
 from loadtest._bench_report import ERROR_BUDGET_PCT, ratios, render, render_profile, summarize
 from loadtest._bench_waits import WaitSampler
 
+REDIS_SCENARIOS = ("replay+redis", "lookup+redis")
+ALL_SCENARIOS = (*SCENARIOS, *REDIS_SCENARIOS)
+
+
+def _clean_redis(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        names = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if names:
+            client.delete(*names)
+    finally:
+        client.close()
+
+
 PG_HEADROOM = 10  # connections left to everything else on this machine's shared Postgres
 MIN_PGBENCH_CLIENTS = 5
 
@@ -69,6 +86,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-seconds", type=int, default=10, help="py-spy duration (10)")
     parser.add_argument("--profile-raw", type=Path, help="keep py-spy's collapsed stacks here")
     parser.add_argument("--no-pgbench", action="store_true", help="skip the pgbench ceiling")
+    parser.add_argument(
+        "--redis",
+        default="redis://127.0.0.1:6379/0",
+        help="Redis for the replay/lookup-with-Redis scenarios ('' to skip them)",
+    )
     parser.add_argument("--pgbench-clients", type=int, default=50, help="pgbench -c (50)")
     parser.add_argument(
         "--pgbench-no-outbox",
@@ -85,12 +107,14 @@ class Bench:
         self.workdir = workdir
         self.pgbench = None if args.no_pgbench else pgbench.find()
         self.rounds: list[dict[str, Any]] = []
-        self.latencies: dict[str, list[float]] = {name: [] for name in SCENARIOS}
+        self.latencies: dict[str, list[float]] = {name: [] for name in ALL_SCENARIOS}
         self.profile: profiling.Profile | None = None
         self.profile_note = ""
         self.pgbench_note = "" if self.pgbench else "pgbench not installed"
         self.scripts: dict[str, Path] = {}
         self.server: Server | None = None
+        self.cached: Server | None = None  # the same app with the Redis fast path
+        self.redis_prefix = f"idempay-bench-{os.getpid()}:"
         self.waits: WaitSampler | None = None
 
     def run(self, database: str) -> None:
@@ -98,6 +122,14 @@ class Bench:
         self.database = database
         self.server = Server(database, self.workdir / "server.log")
         self.server.start()
+        if self.args.redis:
+            self.cached = Server(
+                database,
+                self.workdir / "server-redis.log",
+                redis_url=self.args.redis,
+                redis_prefix=self.redis_prefix,
+            )
+            self.cached.start()
         self.waits = WaitSampler(PG_ADMIN, database)
         self.waits.start()
         self.scripts = {name: pgbench.write_script(self.workdir, name) for name in self.pgbenches}
@@ -119,10 +151,17 @@ class Bench:
             self.waits.stop()
         if self.server is not None:
             self.server.stop()
+        if self.cached is not None:
+            self.cached.stop()
+            _clean_redis(self.args.redis, self.redis_prefix)
 
     def load(self, scenario: str, seconds: float, pool: tuple[str, ...] = ()) -> Load:
         assert self.server is not None
-        return Load(self.server.url, self.api_key, scenario, seconds, self.args.concurrency, pool)
+        server = self.server
+        if scenario.endswith("+redis"):  # the same requests against the Redis-backed server
+            assert self.cached is not None
+            server, scenario = self.cached, scenario.removesuffix("+redis")
+        return Load(server.url, self.api_key, scenario, seconds, self.args.concurrency, pool)
 
     @property
     def pgbenches(self) -> list[str]:
@@ -132,7 +171,11 @@ class Bench:
 
     @property
     def order(self) -> list[str]:
-        return [*SCENARIOS, *self.pgbenches]
+        return [*self.http_scenarios, *self.pgbenches]
+
+    @property
+    def http_scenarios(self) -> list[str]:
+        return [*SCENARIOS, *(REDIS_SCENARIOS if self.args.redis else ())]
 
     def _seed(self) -> None:
         self.pool = tuple(str(uuid.uuid4()) for _ in range(self.args.pool))
@@ -142,7 +185,7 @@ class Bench:
         self.console.print(f"[dim]pre-created {len(self.pool):,} keys for replay and lookup[/]")
 
     def _warm_up(self) -> None:
-        for scenario in SCENARIOS:
+        for scenario in self.http_scenarios:
             self.executor.submit(
                 run_load, self.load(scenario, self.args.warmup, self.pool)
             ).result()
@@ -165,7 +208,8 @@ class Bench:
 
     def _measure_one(self, scenario: str) -> dict[str, Any]:
         assert self.server is not None
-        before = sample_cpu(self.server.pid, self.database)
+        pid = self.cached.pid if scenario.endswith("+redis") and self.cached else self.server.pid
+        before = sample_cpu(pid, self.database)
         if scenario in self.scripts:
             row = self._pgbench_round(self.scripts[scenario])
         else:
@@ -181,7 +225,7 @@ class Bench:
                 "generator_cpu_s": result.cpu_s,
                 "statuses": result.statuses,
             }
-        row["cpu"] = cpu_delta(before, sample_cpu(self.server.pid, self.database))
+        row["cpu"] = cpu_delta(before, sample_cpu(pid, self.database))
         if scenario in self.scripts:
             row["generator_cpu_s"] = row["cpu"]["children_s"]
         return row
@@ -284,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(bench.profile_note)
     failed = [
         name
-        for name in SCENARIOS
+        for name in bench.http_scenarios
         if name not in figures
         or figures[name]["error_pct"] > ERROR_BUDGET_PCT
         or not figures[name]["requests"]
