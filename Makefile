@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint bench verify services tools clean
+.PHONY: demo test lint bench loadtest verify services tools clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ lint: $(STAMP)
 
 bench: $(STAMP) services
 	$(BIN)/python -m loadtest.bench
+
+loadtest: $(STAMP) services
+	$(BIN)/python -m loadtest.run_loadtest
 
 verify:
 	./scripts/verify.sh

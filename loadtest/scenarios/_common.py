@@ -71,9 +71,8 @@ def check_transaction(resp: ResponseContextManager, key: str) -> bool:
         resp.failure(f"{resp.status_code}: body is not JSON")
         return False
     if not isinstance(body, dict) or body.get("id") != key:
-        resp.failure(
-            f"{resp.status_code}: id {body.get('id') if isinstance(body, dict) else body!r} != {key}"
-        )
+        got = body.get("id") if isinstance(body, dict) else body
+        resp.failure(f"{resp.status_code}: id {got!r} != {key}")
         return False
     if body.get("status") not in PROCESSED:
         resp.failure(f"{resp.status_code}: status {body.get('status')!r}")
