@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -42,6 +43,15 @@ def _lake_events(lake: Path) -> int:
     return int(ds.dataset(lake / "request_events", format="parquet").count_rows())
 
 
+def _jvm_cpu_s(spark: Any) -> float:
+    """CPU seconds (user + system, all threads) of the local driver JVM so far."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    if proc is None:
+        return float("nan")
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _spark(lake: Path, out: Path, *, start: date, end: date, master: str) -> dict[str, Any]:
     from analytics.jobs.daily_audit import run_audit
     from analytics.session import build_session
@@ -50,23 +60,30 @@ def _spark(lake: Path, out: Path, *, start: date, end: date, master: str) -> dic
     spark = build_session(master)
     session_s = time.perf_counter() - started
     try:
+        cpu_before = _jvm_cpu_s(spark)
         job_started = time.perf_counter()
         result = run_audit(spark, lake=str(lake), out=out, start=start, end=end)
         job_s = time.perf_counter() - job_started
+        cpu_s = _jvm_cpu_s(spark) - cpu_before
     finally:
         spark.stop()
     return {
         "session_s": session_s,
         "job_s": job_s,
+        "job_cpu_s": cpu_s,
         "wall_s": time.perf_counter() - started,
         "summary": result.rows["daily_summary"],
     }
 
 
 def _duckdb(lake: Path, *, start: date, end: date, threads: int) -> dict[str, Any]:
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     rows = duckdb_reference.daily_summary(lake, start=start, end=end, threads=threads)
-    return {"wall_s": time.perf_counter() - started, "summary": rows}
+    return {
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu_started,
+        "summary": rows,
+    }
 
 
 def compare(spark_rows: list[dict[str, Any]], duck_rows: list[dict[str, Any]]) -> list[str]:
@@ -100,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="idempay-bench-audit-"))
-    figures: dict[str, Any] = {"master": args.master, "duckdb_threads": args.duckdb_threads}
+    figures: dict[str, Any] = {
+        "master": args.master,
+        "duckdb_threads": args.duckdb_threads,
+        "load_average_at_start": round(os.getloadavg()[0], 2),
+    }
     if args.lake is None:
         lake = work / "lake"
         events, synth_s = _synth(lake, events=args.events, days=args.days, seed=args.seed)
@@ -120,13 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     figures.update(
         spark_session_s=round(spark["session_s"], 2),
         spark_job_s=round(spark["job_s"], 2),
+        spark_job_cpu_s=round(spark["job_cpu_s"], 2),
         spark_wall_s=round(spark["wall_s"], 2),
         spark_events_per_s=round(events / spark["wall_s"]),
         spark_job_events_per_s=round(events / spark["job_s"]),
         duckdb_wall_s=round(duck["wall_s"], 2),
+        duckdb_cpu_s=round(duck["cpu_s"], 2),
         duckdb_events_per_s=round(events / duck["wall_s"]),
         summary_rows=len(spark["summary"]),
         engines_agree=not problems,
+        load_average_at_end=round(os.getloadavg()[0], 2),
         out=str(work / "out"),
     )
     width = max(len(k) for k in figures)
