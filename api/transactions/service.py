@@ -37,6 +37,19 @@ from api.transactions.outcome import Outcome, from_error, key_state_body
 from api.transactions.schemas import TransactionCreate
 
 
+def _key_reused(idempotency_status: str, terminal_id: str | None) -> Outcome:
+    return from_error(
+        ApiError(
+            422,
+            "idempotency_key_reused",
+            "This Idempotency-Key was used with a different request body.",
+        ),
+        event="key_reused",
+        idempotency_status=idempotency_status,
+        terminal_id=terminal_id,
+    )
+
+
 class _KeyTaken(Exception):
     """Another request inserted the key first: roll back and answer from its row."""
 
@@ -156,16 +169,7 @@ class TransactionService:
         terminal_id: str | None,
     ) -> Outcome:
         if stored_fp != fingerprint:
-            return from_error(
-                ApiError(
-                    422,
-                    "idempotency_key_reused",
-                    "This Idempotency-Key was used with a different request body.",
-                ),
-                event="key_reused",
-                idempotency_status="processed",
-                terminal_id=terminal_id,
-            )
+            return _key_reused("processed", terminal_id)
         return Outcome(
             status,
             body,
@@ -441,16 +445,7 @@ class TransactionService:
             return Outcome(410, body, "expired", "expired", problem=True, terminal_id=terminal)
         if record.fingerprint != fingerprint:
             status = "processed" if record.state == store.COMPLETED else "in_progress"
-            return from_error(
-                ApiError(
-                    422,
-                    "idempotency_key_reused",
-                    "This Idempotency-Key was used with a different request body.",
-                ),
-                event="key_reused",
-                idempotency_status=status,
-                terminal_id=terminal,
-            )
+            return _key_reused(status, terminal)
         if record.state == store.COMPLETED:
             outcome = self._answer_completed(
                 record.fingerprint,
@@ -463,17 +458,7 @@ class TransactionService:
             return outcome
         now = utcnow()
         if record.lease_live(now):
-            return from_error(
-                ApiError(
-                    409,
-                    "request_in_progress",
-                    "A request with this key is being processed; retry after Retry-After.",
-                    headers=self.retry_after(),
-                ),
-                event="in_progress",
-                idempotency_status="in_progress",
-                terminal_id=terminal,
-            )
+            return self._in_progress(terminal)
         return await self._recover_inline(record, now)
 
     async def _recover_inline(self, record: KeyRecord, now: datetime) -> Outcome:
