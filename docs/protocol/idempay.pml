@@ -1,0 +1,719 @@
+/*
+ * idempay.pml -- the payment protocol of SPEC.md §2-4, as SPIN sees it.
+ *
+ * One idempotency key (one merchant, one payload). A terminal runs the SDK's state machine
+ * (journal, create, lookup, resend after 404, abort at the deadline, crash + recover())
+ * against two API workers and a completer that share one database, and an issuer simulator
+ * that honours the derived issuer key. The world misbehaves within bounds: the network
+ * drops, duplicates, delays and reorders; any server actor can die between two SQL
+ * statements; the terminal can die and reboot; a lease holder can stall past its lease;
+ * issuer calls can time out (recorded by the issuer or not).
+ *
+ * Each SQL statement -- or each committed transaction, where the code groups statements in
+ * one `async with atomic(...)` block -- is one d_step: nothing interleaves with it, and a
+ * crash falls between two of them, which is exactly "the open transaction rolls back".
+ * README.md maps every step to the function and the statement it stands for.
+ *
+ * Properties (ltl blocks at the end; scripts/verify.sh checks each one):
+ *   a  the issuer authorizes the key at most once
+ *   b  the key never has both a transaction and a tombstone
+ *   c  a payment the terminal reports approved/declined exists exactly once, with that
+ *      status; one it reports aborted never exists
+ *   d  the journal entry ends definitive and the key leaves `processing` (liveness,
+ *      weak fairness; the bounded faults are eventually spent)
+ *   e  a stale worker (its lease token taken over) never commits
+ *   f  the issuer agrees with the ledger: no approved transaction on a voided
+ *      authorization, no aborted key on a live authorization.  The code as it is
+ *      violates f (README.md, "Finding"); -DFIX_FENCE_THEN_VOID models the fix.
+ *
+ * Mutants, one flag each, so that the model and its mutants never drift apart:
+ *   -DMUTANT_NO_LEASE_TOKEN     the final write is guarded by the state, not the lease token
+ *   -DMUTANT_404_GIVES_UP       SDK: a lookup 404 ends the payment as not processed, no abort
+ *   -DMUTANT_CHECK_THEN_INSERT  store.fence reads, then inserts blindly in a later statement
+ *   -DMUTANT_FRESH_ISSUER_KEY   a new issuer key per attempt instead of one derived from the key
+ *   -DMUTANT_NO_RECOVER         SDK: an entry left in doubt is never recovered (liveness)
+ */
+
+/* ======================================================================== bounds */
+#ifndef NET_FAULTS
+#define NET_FAULTS 1      /* drops, duplicates, delays, early timeouts, connect errors */
+#endif
+#ifndef CRASHES
+#define CRASHES 1         /* deaths of server actors (worker 0, worker 1, completer) */
+#endif
+#ifndef T_CRASHES
+#define T_CRASHES 1       /* deaths of the terminal (then recover()) */
+#endif
+#ifndef PAUSES
+#define PAUSES 1          /* a live lease holder stalls until its lease has run out */
+#endif
+#ifndef ISSUER_FAULTS
+#define ISSUER_FAULTS 1   /* issuer calls that time out (recorded by the issuer or not) */
+#endif
+#define NQ     2          /* requests on the wire */
+#define NEP    4          /* connection ids the terminal cycles through */
+#define MAXTOK 9          /* lease tokens: asserted, never reached */
+#define DEADLINE_TOK 5    /* by the 5th take-over, deadline_at has surely passed: each
+                             re-drive costs at least IDEMPAY_ISSUER_TIMEOUT */
+
+/* ======================================================================== values */
+/* idempotency_key.state; NOKEY: no row */
+#define NOKEY 0
+#define PROC  1
+#define DONE  2
+#define ABRT  3
+#define EXPD  4
+
+/* transaction.status, and the reply codes that carry a transaction */
+#define ST_NONE     0
+#define ST_APPROVED 1
+#define ST_DECLINED 2
+
+#define R_NONE       0  /* no reply: timeout, reset, connect error */
+#define R_APPROVED   1  /* 200/201 (or the replay) with the transaction, approved */
+#define R_DECLINED   2  /*   ... declined */
+#define R_PROCESSING 3  /* 202 */
+#define R_BUSY       4  /* 409 request_in_progress */
+#define R_FENCED     5  /* 410 aborted/expired, or abort's 200 {"status": aborted|expired} */
+#define R_NOTFOUND   6  /* 404 */
+#define REP_ABORTED  7  /* what the SDK reported: PaymentAborted */
+
+/* issuer_authorization row, per issuer key */
+#define I_NONE 0
+#define I_AUTH 1
+#define I_VOID 2
+
+/* journal_entry.state */
+#define J_NONE     0
+#define J_PENDING  1
+#define J_SENT     2
+#define J_IN_DOUBT 3
+#define J_RESOLVED 4
+#define J_ABORTED  5
+
+/* what the terminal waits for before it asks again (see README.md, "Abstractions") */
+#define W_NONE 0
+#define W_PROC 1          /* after a 202/409: until the key leaves `processing` */
+#define W_LIVE 2          /* after abort's 409: until the lease is gone or the key settles */
+
+/* where a server actor goes after a step */
+#define N_DONE   0
+#define N_DRIVE  1
+#define N_SETTLE 2
+#define N_ABORT  3
+#define N_FENCE  4
+
+#ifdef MUTANT_FRESH_ISSUER_KEY
+#define IKEY(t) (t)       /* a new issuer key per attempt */
+#define NIKEY   (MAXTOK + 1)
+#else
+#define IKEY(t) 0         /* derive_issuer_key(secret, merchant, key): one per key */
+#define NIKEY   1
+#endif
+
+#define OWNED(t) (k_state == PROC && k_tok == (t))
+#ifdef MUTANT_NO_LEASE_TOKEN
+#define COMPLETE_GUARD(t) (k_state == PROC)
+#else
+#define COMPLETE_GUARD(t) OWNED(t)
+#endif
+
+mtype = { CREATE, LOOKUP, ABORT };
+
+/* ======================================================================== the database */
+byte k_state = NOKEY;     /* idempotency_key row:  state */
+byte k_tok = 0;           /*   lease_token */
+bool k_live = 0;          /*   lease_until > now */
+bool past = 0;            /*   now >= deadline_at (claim + IDEMPAY_ISSUER_DEADLINE) */
+byte t_count = 0;         /* transaction rows (one charge ledger entry each) for the key */
+byte t_status = ST_NONE;  /*   transaction.status */
+byte i_state[NIKEY];      /* issuer_authorization, by issuer key */
+byte i_auths = 0;         /* ghost: fresh authorizations the issuer made for this payment */
+byte stale_commits = 0;   /* ghost: commits by an actor whose token was no longer current */
+bool inline_path;         /* issuer.answers_inline(card token): fixed by the payload */
+
+/* ======================================================================== the terminal */
+byte j_state = J_NONE;    /* the durable journal entry */
+byte reported = R_NONE;   /* what the SDK returned or raised to its caller */
+bool t_deadline = 0;      /* the payment's deadline (= the body's expires_at) has passed */
+byte t_cur = NEP;         /* the connection the terminal is waiting on; NEP: none */
+
+/* ======================================================================== the network */
+chan req = [NQ] of { mtype, byte };   /* (endpoint, connection id) */
+byte mbox = R_NONE;                   /* the response on the terminal's open connection */
+byte inuse[NEP];                      /* requests on the wire or in a worker, per connection */
+
+/* ======================================================================== fault budgets */
+byte net_faults = NET_FAULTS;
+byte crashes = CRASHES;
+byte t_crashes = T_CRASHES;
+byte pauses = PAUSES;
+byte iss_faults = ISSUER_FAULTS;
+bool crash[3];            /* set by Chaos: that actor dies before its next step */
+bool busy[3];             /* the actor is handling a request (or, the completer, a key) */
+bool t_crash;
+
+/* ======================================================================== the issuer */
+/* SimulatedIssuer._record: INSERT … ON CONFLICT DO NOTHING under the issuer key, else the
+   recorded answer -- a voided record answers result != "approved", i.e. declined */
+inline issuer_record(ik, answer) {
+  if
+  :: i_state[ik] == I_NONE -> i_state[ik] = I_AUTH; i_auths++; answer = ST_APPROVED
+  :: i_state[ik] == I_AUTH -> answer = ST_APPROVED
+  :: i_state[ik] == I_VOID -> answer = ST_DECLINED
+  fi
+}
+
+/* SimulatedIssuer.void: insert a voided record, or void the recorded one (idempotent) */
+inline issuer_void(ik) {
+  i_state[ik] = I_VOID
+}
+
+/* ======================================================================== server actors */
+#define me        _pid                    /* 0, 1: the API workers; 2: the completer */
+#define completer (_pid == 2)
+
+inline stale_check(t) {
+  if
+  :: k_tok != (t) -> stale_commits++
+  :: else
+  fi
+}
+
+/* The HTTP response, and the end of the request (the completer has no client). */
+inline respond() {
+  if
+  :: !completer ->
+       if
+       :: ep == t_cur && mbox == R_NONE -> mbox = code
+       :: else                            /* that connection is closed: the answer is lost */
+       fi;
+       inuse[ep]--
+  :: else
+  fi;
+  busy[me] = 0; ep = 0; code = 0; tok = 0; ans = 0; nxt = 0; top = 0
+}
+
+/* store.take_over: UPDATE … SET lease_token = seen + 1, lease_until = now + lease
+   WHERE state = 'processing' AND lease_token = seen -- merged with the read that saw the
+   expired lease (README.md, "Abstractions": a failed compare-and-set has no effect) */
+inline take_over() {
+  k_tok++; k_live = 1; tok = k_tok;
+  assert(k_tok < MAXTOK)
+}
+
+/* settle() reads now >= deadline_at. The deadline passes (once, for good) at any moment
+   while the key is processing; only take-overs read it, so it is decided by the first
+   take-over that looks at it (README.md, "Abstractions"). */
+inline deadline_then(settle_nxt, drive_nxt) {
+  if
+  :: past -> nxt = settle_nxt
+  :: !past -> past = 1; nxt = settle_nxt
+  :: !past && k_tok < DEADLINE_TOK -> nxt = drive_nxt
+  fi
+}
+
+/* existing(record) on the row as it is now: answer from it, or take an abandoned key over
+   (_recover_inline) and go on to settle() or drive() */
+inline existing() {
+  if
+  :: k_state == ABRT || k_state == EXPD -> code = R_FENCED; respond()
+  :: k_state == DONE -> code = t_status; respond()   /* replay the stored response */
+  :: k_state == PROC && k_live -> code = R_BUSY; respond()
+  :: k_state == PROC && !k_live ->
+       take_over();
+       deadline_then(N_SETTLE, N_DRIVE)   /* settle(): now >= deadline_at? */
+  :: k_state == NOKEY -> assert(false)   /* "claimed key vanished" */
+  fi
+}
+
+/* POST /v1/transactions → service.create: its first transaction (store.get, then the
+   claim, the inline transaction or the expired fence), or existing(record) */
+inline create_request() {
+    if
+    :: k_state == NOKEY ->           /* store.get found no row */
+         if
+         :: t_deadline ->            /* _too_late: expires_at (= the SDK's deadline) */
+#ifdef MUTANT_CHECK_THEN_INSERT
+              nxt = N_FENCE          /* the blind insert comes in a later statement */
+#else
+              /* _fence_expired → store.fence(state = 'expired'):
+                 INSERT … ON CONFLICT DO NOTHING */
+              k_state = EXPD; code = R_FENCED; respond()
+#endif
+         :: inline_path ->
+              /* _process_inline: issuer.authorize(conn=) enlisted,
+                 store.insert_completed, repository.insert_transaction, outbox:
+                 one COMMIT (a lost insert race rolls all of it back) */
+              issuer_record(IKEY(1), ans);
+              k_state = DONE; k_tok = 1; t_count++; t_status = ans;
+              code = ans; respond()
+         :: !inline_path ->
+              /* _claim → store.claim: INSERT (state = 'processing', lease_token = 1,
+                 lease_until, deadline_at) ON CONFLICT DO NOTHING; COMMIT */
+              k_state = PROC; k_tok = 1; k_live = 1; tok = 1;
+              nxt = N_DRIVE
+         fi
+    :: else -> existing()            /* the row is there: existing(record) */
+    fi
+}
+
+/* POST /v1/transactions/{id}/abort → resolution.abort: service.read, then store.fence
+   (INSERT state = 'aborted' ON CONFLICT DO NOTHING, + outbox), or _abort_existing */
+inline abort_request() {
+    if
+    :: k_state == NOKEY ->
+#ifdef MUTANT_CHECK_THEN_INSERT
+         nxt = N_FENCE; top = 1      /* the blind insert comes in a later statement */
+#else
+         /* store.fence(state = 'aborted'): INSERT … ON CONFLICT DO NOTHING; + outbox */
+         k_state = ABRT; code = R_FENCED; respond()
+#endif
+    :: k_state == DONE -> code = t_status; respond()      /* _abort_existing */
+    :: k_state == ABRT || k_state == EXPD -> code = R_FENCED; respond()
+    :: k_state == PROC && k_live -> code = R_BUSY; respond()
+    :: k_state == PROC && !k_live -> take_over(); nxt = N_ABORT
+    fi
+}
+
+active [3] proctype Server()
+{
+  mtype kind = CREATE;
+  byte ep, code, tok, ans, nxt;
+  bool top;
+
+end_idle:
+  do
+  :: {
+       if
+       :: !completer ->
+            /* the idle worker with the lowest id takes the request (the workers are
+               interchangeable: this only prunes mirror-image states); its first SQL
+               statement runs in the same step */
+end_request:
+            atomic {
+              (me == 0 || busy[0]) && req?[kind,ep] -> req?kind,ep; busy[me] = 1;
+              if
+              :: kind == CREATE -> create_request()
+              :: kind == ABORT  -> kind = CREATE; abort_request()
+              fi
+            }
+            goto next
+       :: completer ->
+            /* Completer.run_once: store.expired_leases, then _recover: take_over */
+end_scan:
+            atomic {
+              k_state == PROC && !k_live -> busy[me] = 1; top = 1;
+              take_over();
+              deadline_then(N_SETTLE, N_DRIVE)
+            }
+            goto next
+       fi;
+
+reread:                                   /* _must_read, then existing(record) */
+       atomic { existing() }
+next:
+       if
+       :: !busy[me] -> goto done
+       :: nxt == N_DRIVE -> goto drive
+       :: nxt == N_SETTLE -> goto settle
+       :: nxt == N_ABORT -> goto abort_fence_owned
+       :: nxt == N_FENCE -> goto blind_fence
+       fi;
+
+/* ---- settle(): past the issuer deadline, void and fence -------------------------- */
+settle:
+#ifdef FIX_FENCE_THEN_VOID
+       /* the fix: fence first; void only if the fence won (the simulator's void enlisted
+          in the fence_owned transaction) */
+       atomic {
+         if
+         :: OWNED(tok) -> stale_check(tok); k_state = ABRT; k_live = 0;
+                          issuer_void(IKEY(tok))
+         :: else
+         fi;
+         tok = 0; nxt = 0;
+         if
+         :: top -> respond()
+         :: else
+         fi
+       }
+#else
+       atomic { issuer_void(IKEY(tok)) }  /* issuer.void: its own transaction */
+       /* fence_owned → store.fence_owned: UPDATE … SET state = 'aborted' WHERE state =
+          'processing' AND lease_token = mine; + outbox; one COMMIT */
+       atomic {
+         if
+         :: OWNED(tok) -> stale_check(tok); k_state = ABRT; k_live = 0
+         :: else
+         fi;
+         tok = 0; nxt = 0;
+         if
+         :: top -> respond()              /* the completer: counted as aborted */
+         :: else
+         fi
+       }
+#endif
+       if
+       :: !busy[me] -> goto done
+       :: else -> goto reread             /* _recover_inline: existing(read) */
+       fi;
+
+/* ---- drive(): phases 2 and 3 for a key held by `tok` ----------------------------- */
+drive:
+       /* issuer.authorize(issuer key), no transaction open, under
+          asyncio.wait_for(IDEMPAY_ISSUER_TIMEOUT) */
+       atomic {
+         nxt = 0;
+         if
+#ifdef ISSUER_DOWN
+         :: true                          /* tok_issuer_down: never answers, never records */
+#else
+         :: issuer_record(IKEY(tok), ans); nxt = N_DRIVE
+         :: iss_faults > 0 -> iss_faults--; issuer_record(IKEY(tok), ans); ans = ST_NONE
+         :: iss_faults > 0 -> iss_faults--
+#endif
+         fi
+       }
+       if
+       :: nxt != N_DRIVE ->
+            /* timeout → _hand_over → store.release: UPDATE … SET lease_until = now
+               WHERE state = 'processing' AND lease_token = mine; then 202 */
+            atomic {
+              if
+              :: OWNED(tok) -> stale_check(tok); k_live = 0
+              :: else
+              fi;
+              code = R_PROCESSING; respond()
+            }
+            goto done
+       :: else
+       fi;
+       /* _finish → store.complete: UPDATE … SET state = 'completed', response = …
+          WHERE state = 'processing' AND lease_token = mine; + transaction + ledger + outbox;
+          one COMMIT (0 rows: roll back, answer with the winner's result) */
+       atomic {
+         if
+         :: COMPLETE_GUARD(tok) ->
+              stale_check(tok);
+              k_state = DONE; k_live = 0; t_count++; t_status = ans;
+              code = ans; respond()
+         :: else -> tok = 0; ans = 0; nxt = 0
+         fi
+       }
+       if
+       :: !busy[me] -> goto done
+       :: else -> goto reread
+       fi;
+
+/* ---- POST /v1/transactions/{id}/abort: resolution.abort -------------------------- */
+abort_fence_owned:                        /* _abort_existing: the lease had expired */
+#ifdef FIX_FENCE_THEN_VOID
+       atomic {
+         if
+         :: OWNED(tok) -> stale_check(tok); k_state = ABRT; k_live = 0;
+                          issuer_void(IKEY(tok))
+         :: else
+         fi;
+         tok = 0; nxt = 0
+       }
+#else
+       atomic { issuer_void(IKEY(tok)) }  /* service.issuer.void: its own transaction */
+       atomic {                           /* service.fence_owned */
+         if
+         :: OWNED(tok) -> stale_check(tok); k_state = ABRT; k_live = 0
+         :: else
+         fi;
+         tok = 0; nxt = 0
+       }
+#endif
+       atomic {                           /* again = service.read, _abort_existing(again) */
+         if
+         :: k_state == DONE -> code = t_status
+         :: k_state == ABRT || k_state == EXPD -> code = R_FENCED
+         :: k_state == PROC -> code = R_BUSY
+         fi;
+         respond()
+       }
+       goto done;
+
+blind_fence:
+       /* MUTANT_CHECK_THEN_INSERT: the insert that follows the check, as a blind write */
+       atomic {
+         if
+         :: top -> k_state = ABRT         /* abort */
+         :: else -> k_state = EXPD        /* _fence_expired */
+         fi;
+         k_live = 0; code = R_FENCED; respond()
+       }
+done:
+       skip
+     } unless {
+       crash[me] ->
+       d_step {                           /* the process dies: its open transaction rolls back */
+         if
+         :: busy[me] && !completer -> inuse[ep]--   /* its client sees a reset */
+         :: else
+         fi;
+         if
+         :: tok != 0 && OWNED(tok) -> k_live = 0   /* its lease runs out (README.md) */
+         :: else
+         fi;
+         crash[me] = 0; busy[me] = 0; kind = CREATE; ep = 0; code = 0; tok = 0; ans = 0;
+         nxt = 0; top = 0
+       }
+     }
+  od
+}
+
+/* ======================================================================== the terminal (SDK) */
+/* _actions.next_action for the answer in `code`, and the journal write that follows it
+   (a crash between the two is a crash while waiting: only the journal survives either way) */
+inline next_action() {
+  if
+  :: phase == CREATE && sent -> maybe_sent = 1
+  :: else
+  fi;
+  if
+  :: code == R_APPROVED || code == R_DECLINED ->  /* Finish: record(RESOLVED) */
+       j_state = J_RESOLVED; reported = code; finished = 1
+  :: code == R_FENCED ->                          /* Fence: record(ABORTED), PaymentAborted */
+       j_state = J_ABORTED; reported = REP_ABORTED; finished = 1
+  :: code == R_NOTFOUND ->
+#ifdef MUTANT_404_GIVES_UP
+       j_state = J_ABORTED; reported = REP_ABORTED; finished = 1
+#else
+       phase = CREATE                             /* resend, same request, same key */
+#endif
+  :: code == R_NONE && !sent && phase == CREATE   /* never left: create again */
+  :: else ->                                      /* 202, 409, no reply: in doubt */
+       if
+       :: j_state != J_IN_DOUBT -> j_state = J_IN_DOUBT
+       :: else
+       fi;
+       if
+       :: code == R_PROCESSING || (code == R_BUSY && phase != ABORT) -> w = W_PROC
+       :: code == R_BUSY && phase == ABORT -> w = W_LIVE
+       :: else                                    /* no reply: ask again now */
+       fi;
+       if
+       :: phase == CREATE -> phase = LOOKUP
+       :: else                                    /* lookup again / abort again */
+       fi
+  fi;
+  code = R_NONE; sent = 0
+}
+
+active proctype Terminal()
+{
+  mtype phase = CREATE;
+  byte code, e, w;
+  bool maybe_sent, free_pass, sent, booted, finished;
+
+  atomic {
+#if defined(ONLY_SLOW)
+    inline_path = 0;
+#elif defined(ONLY_INLINE)
+    inline_path = 1;
+#else
+    if                                    /* the card token decides the issuer path */
+    :: inline_path = 1
+    :: inline_path = 0
+    fi;
+#endif
+    j_state = J_PENDING                   /* journal.begin: committed before the first send */
+  }
+  do
+  :: {
+       if
+       :: !booted -> booted = 1           /* pay(): drive(start = CREATE) */
+       :: booted ->                       /* recover(): drive(start = LOOKUP, lookup_first) */
+            d_step { phase = LOOKUP; free_pass = 1; maybe_sent = (j_state != J_PENDING) }
+       fi;
+loop:
+       /* drive(): the deadline may have passed by now; then _fence (record IN_DOUBT, abort).
+          Then record(SENT) before every create, and one request on a fresh connection. */
+       atomic {
+         if
+         :: !t_deadline && phase != ABORT -> t_deadline = 1
+         :: true
+         fi;
+         if
+         :: t_deadline && !free_pass && phase != ABORT ->
+              phase = ABORT;
+              if
+              :: j_state != J_IN_DOUBT -> j_state = J_IN_DOUBT
+              :: else
+              fi
+         :: else
+         fi;
+         free_pass = 0;
+         if
+         :: phase == CREATE -> j_state = J_SENT
+         :: else
+         fi;
+         if
+         :: phase == LOOKUP ->
+              /* GET /v1/transactions/{id} → resolution.lookup: one read, no effects, so the
+                 model evaluates it when it is sent (README.md, "Abstractions") */
+              if
+              :: net_faults > 0 -> net_faults--      /* no reply: lost either way */
+              :: true ->
+                   sent = 1;
+                   if
+                   :: k_state == NOKEY -> code = R_NOTFOUND
+                   :: k_state == DONE -> code = t_status
+                   :: k_state == PROC -> code = R_PROCESSING
+                   :: k_state == ABRT || k_state == EXPD -> code = R_FENCED
+                   fi
+              fi;
+              next_action()
+         :: phase != LOOKUP ->
+              e = 0;                      /* the lowest connection id with nothing in flight */
+              do
+              :: e < NEP && inuse[e] > 0 -> e++
+              :: else -> break
+              od;
+              assert(e < NEP);
+              if
+              :: net_faults > 0 -> net_faults--; e = 0; next_action()  /* ConnectError */
+              :: nfull(req) -> t_cur = e; e = 0; req!phase,t_cur; inuse[t_cur]++; sent = 1
+              fi
+         fi
+       }
+       if
+       :: sent && phase != LOOKUP ->
+            do
+            :: atomic { mbox != R_NONE -> code = mbox; mbox = R_NONE; t_cur = NEP;
+                        next_action() }; break
+            :: atomic { inuse[t_cur] == 0 && mbox == R_NONE ->  /* lost: timeout / reset */
+                        t_cur = NEP; next_action() }; break
+            :: atomic { net_faults > 0 ->                      /* timeout, still on its way */
+                        net_faults--; t_cur = NEP; mbox = R_NONE; next_action() }; break
+            od
+       :: else
+       fi;
+       if
+       :: finished -> goto end_done
+       :: !finished && phase == ABORT ->  /* 409 / no reply: retry within abort_grace_s */
+            if
+            :: true
+            :: !maybe_sent ->             /* grace over, never sent: PaymentAborted(not_sent) */
+                 d_step { j_state = J_ABORTED; reported = REP_ABORTED }
+                 goto end_done
+            :: maybe_sent ->              /* grace over: PaymentInDoubt; recover() later */
+#ifdef MUTANT_NO_RECOVER
+                 goto end_done            /* nobody ever calls recover() */
+#endif
+                 d_step { phase = LOOKUP; free_pass = 1 }
+            fi
+       :: else
+       fi;
+       /* Retry-After / backoff: asking again before anything changed would get the same
+          answer, so the terminal asks again once something has */
+       if
+       :: w == W_PROC ->
+            if
+            :: atomic { k_state != PROC || t_deadline -> w = W_NONE }
+            :: atomic { !t_deadline -> t_deadline = 1; w = W_NONE }
+            fi
+       :: w == W_LIVE -> atomic { k_state != PROC || !k_live -> w = W_NONE }
+       :: w == W_NONE
+       fi;
+       goto loop
+     } unless {
+       t_crash ->
+       d_step {                           /* the terminal dies; only the journal survives */
+         t_crash = 0; t_cur = NEP; mbox = R_NONE; phase = CREATE; code = R_NONE; e = 0;
+         maybe_sent = 0; free_pass = 0; sent = 0; w = W_NONE
+       }
+     }
+  od;
+end_done:
+  skip
+}
+
+/* ======================================================================== the faulty world */
+/* Faults, within the budgets above. Under FAIR (the liveness run) the world may also stop
+   misbehaving at any moment; weak fairness then makes it stop eventually. */
+active proctype World()
+{
+  mtype k;
+  byte e;
+end_world:
+  do
+  /* the network */
+  :: atomic { net_faults > 0 && nempty(req) -> req?k,e; inuse[e]--; net_faults--;
+              k = CREATE; e = 0 }                                       /* drop a request */
+  :: atomic { net_faults > 0 && mbox != R_NONE -> mbox = R_NONE; net_faults-- }  /* drop a response */
+  :: atomic { net_faults > 0 && nempty(req) && nfull(req) ->          /* duplicate */
+              req?<k,e>; req!k,e; inuse[e]++; net_faults--; k = CREATE; e = 0 }
+  :: atomic { net_faults > 0 && len(req) > 1 ->                       /* reorder */
+              req?k,e; req!k,e; net_faults--; k = CREATE; e = 0 }
+  /* crashes: the actor dies before its next step */
+  :: atomic { crashes > 0 && busy[0] && !crash[0] -> crash[0] = 1; crashes-- }
+  :: atomic { crashes > 0 && busy[1] && !crash[1] -> crash[1] = 1; crashes-- }
+  :: atomic { crashes > 0 && busy[2] && !crash[2] -> crash[2] = 1; crashes-- }
+  :: atomic { t_crashes > 0 && !t_crash &&
+              (j_state == J_PENDING || j_state == J_SENT || j_state == J_IN_DOUBT) ->
+              t_crash = 1; t_crashes-- }
+  /* the lease holder stalls past lease_until */
+  :: atomic { pauses > 0 && k_state == PROC && k_live -> k_live = 0; pauses-- }
+#ifdef FAIR
+  :: atomic { net_faults > 0 || crashes > 0 || t_crashes > 0 || pauses > 0 ->
+              net_faults = 0; crashes = 0; t_crashes = 0; pauses = 0 }   /* all is well now */
+#endif
+  od
+}
+
+#ifdef FAIR
+/* Time goes on when nothing else can move: a run that stops in a state where the payment
+   is not settled is a violation of d (SPIN's weak fairness does not stutter-extend runs
+   that stop, so this process does). */
+active proctype Time()
+{
+  do
+  :: timeout                              /* nothing else can move */
+  od
+}
+#endif
+
+/* ======================================================================== properties */
+#define P_A (i_auths <= 1)
+#define P_B (!(t_count > 0 && (k_state == ABRT || k_state == EXPD)))
+#define P_C (t_count <= 1 && \
+             (reported == R_NONE || \
+              (reported == REP_ABORTED && t_count == 0) || \
+              ((reported == R_APPROVED || reported == R_DECLINED) && \
+               t_count == 1 && t_status == reported)))
+#define P_E (stale_commits == 0)
+#define P_F (!(t_count > 0 && t_status == ST_APPROVED && i_state[0] == I_VOID) && \
+             !(k_state == ABRT && i_state[0] == I_AUTH))
+#define SETTLED ((j_state == J_RESOLVED || j_state == J_ABORTED) && k_state != PROC)
+
+/* The safety properties as one monitor: it blocks until an invariant breaks, then the
+   failing assertion names it. One search checks them all (scripts/verify.sh). */
+#ifdef MONITOR
+active proctype Monitor()
+{
+end_monitor:
+  atomic {
+#ifdef CHECK_F
+    !(P_A && P_B && P_C && P_E && P_F) ->
+#else
+    !(P_A && P_B && P_C && P_E) ->
+#endif
+    assert(P_A); assert(P_B); assert(P_C); assert(P_E);
+#ifdef CHECK_F
+    assert(P_F)
+#endif
+  }
+}
+#endif
+
+ltl a { [] P_A }
+ltl b { [] P_B }
+ltl c { [] P_C }
+ltl d { <> [] SETTLED }
+ltl e { [] P_E }
+ltl f { [] P_F }
