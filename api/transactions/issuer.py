@@ -59,8 +59,16 @@ class Issuer(Protocol):
     ) -> Authorization:
         """Authorize once per ``issuer_key``; repeated calls return the first answer."""
 
-    async def void(self, issuer_key: str, *, amount: int, currency: str) -> None:
-        """Cancel whatever was authorized under ``issuer_key`` (idempotent)."""
+    async def void(
+        self,
+        issuer_key: str,
+        *,
+        amount: int,
+        currency: str,
+        conn: AsyncConnection | None = None,
+    ) -> None:
+        """Cancel whatever was authorized under ``issuer_key`` (idempotent). A co-located
+        issuer enlists in ``conn`` so the void commits with the fence, or not at all."""
 
 
 def derive_issuer_key(secret: str, merchant_id: str, key: str) -> str:
@@ -141,28 +149,43 @@ class SimulatedIssuer:
         )
         return answer, row.calls
 
-    async def void(self, issuer_key: str, *, amount: int, currency: str) -> None:
-        async with atomic(self._engine) as conn:
-            now = utcnow()
-            inserted = await insert_if_absent(
-                conn,
-                IssuerAuthorization,
-                {
-                    "issuer_key": issuer_key,
-                    "result": "voided",
-                    "amount": amount,
-                    "currency": currency,
-                    "calls": 0,
-                    "created_at": now,
-                    "voided_at": now,
-                },
-            )
-            if not inserted:
-                await conn.execute(
-                    update(IssuerAuthorization)
-                    .where(
-                        IssuerAuthorization.issuer_key == issuer_key,
-                        IssuerAuthorization.voided_at.is_(None),
-                    )
-                    .values(result="voided", voided_at=now)
+    async def void(
+        self,
+        issuer_key: str,
+        *,
+        amount: int,
+        currency: str,
+        conn: AsyncConnection | None = None,
+    ) -> None:
+        if conn is not None:
+            await self._void(conn, issuer_key, amount=amount, currency=currency)
+            return
+        async with atomic(self._engine) as own:
+            await self._void(own, issuer_key, amount=amount, currency=currency)
+
+    async def _void(
+        self, conn: AsyncConnection, issuer_key: str, *, amount: int, currency: str
+    ) -> None:
+        now = utcnow()
+        inserted = await insert_if_absent(
+            conn,
+            IssuerAuthorization,
+            {
+                "issuer_key": issuer_key,
+                "result": "voided",
+                "amount": amount,
+                "currency": currency,
+                "calls": 0,
+                "created_at": now,
+                "voided_at": now,
+            },
+        )
+        if not inserted:
+            await conn.execute(
+                update(IssuerAuthorization)
+                .where(
+                    IssuerAuthorization.issuer_key == issuer_key,
+                    IssuerAuthorization.voided_at.is_(None),
                 )
+                .values(result="voided", voided_at=now)
+            )

@@ -12,7 +12,6 @@ from api.idempotency.store import KeyRecord
 from api.outbox import writer as outbox
 from api.transactions import repository
 from api.transactions.outcome import Outcome, from_error, key_state_body
-from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
 
 NOT_FOUND = ApiError(404, "not_found", "Nothing was processed under this key.")
@@ -101,12 +100,6 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
                 conn, record, now=now, lease_s=service.settings.lease_seconds
             )
         if token is not None:
-            request = TransactionCreate.model_validate_json(record.request or "{}")
-            await service.issuer.void(
-                service.issuer_key(record.merchant_id, key),
-                amount=request.amount,
-                currency=request.currency,
-            )
             await service.fence_owned(record, token)
             again = await service.read(record.merchant_id, key)
             if again is not None and again.state != store.PROCESSING:

@@ -492,22 +492,27 @@ class TransactionService:
         """
         if record.deadline_at is None or now < record.deadline_at:
             return token
-        body = TransactionCreate.model_validate_json(record.request or "{}")
-        await self.issuer.void(
-            self.issuer_key(record.merchant_id, record.key),
-            amount=body.amount,
-            currency=body.currency,
-        )
         await self.fence_owned(record, token)
         return None
 
     async def fence_owned(self, record: KeyRecord, token: int) -> None:
-        """Turn a key we own into an aborted tombstone, announced in the same transaction."""
+        """Turn a key we own into an aborted tombstone and void its issuer call, in one
+        transaction with its outbox event: fence and void commit together or not at all
+        (voiding first, in its own commit, let a stalled owner void an authorization and
+        then lose the key — found by the SPIN model, docs/protocol/). A remote acquirer
+        connector that cannot enlist voids from the ``transaction.aborted`` outbox event."""
         now = utcnow()
+        request = TransactionCreate.model_validate_json(record.request or "{}")
         async with atomic(self.engine) as conn:
             if await store.fence_owned(
                 conn, merchant_id=record.merchant_id, key=record.key, token=token, now=now
             ):
+                await self.issuer.void(
+                    self.issuer_key(record.merchant_id, record.key),
+                    amount=request.amount,
+                    currency=request.currency,
+                    conn=conn,
+                )
                 await outbox.append(
                     conn,
                     merchant_id=record.merchant_id,
