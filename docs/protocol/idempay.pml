@@ -10,7 +10,7 @@
  * issuer calls can time out (recorded by the issuer or not).
  *
  * Each SQL statement -- or each committed transaction, where the code groups statements in
- * one `async with atomic(...)` block -- is one d_step: nothing interleaves with it, and a
+ * one `async with atomic(...)` block -- is one atomic step: nothing interleaves with it, and a
  * crash falls between two of them, which is exactly "the open transaction rolls back".
  * README.md maps every step to the function and the statement it stands for.
  *
@@ -23,8 +23,8 @@
  *      weak fairness; the bounded faults are eventually spent)
  *   e  a stale worker (its lease token taken over) never commits
  *   f  the issuer agrees with the ledger: no approved transaction on a voided
- *      authorization, no aborted key on a live authorization.  The code as it is
- *      violates f (README.md, "Finding"); -DFIX_FENCE_THEN_VOID models the fix.
+ *      authorization, no aborted key on a live authorization (this model found f broken
+ *      in the code before 821217e; README.md, "Finding")
  *
  * Mutants, one flag each, so that the model and its mutants never drift apart:
  *   -DMUTANT_NO_LEASE_TOKEN     the final write is guarded by the state, not the lease token
@@ -32,6 +32,7 @@
  *   -DMUTANT_CHECK_THEN_INSERT  store.fence reads, then inserts blindly in a later statement
  *   -DMUTANT_FRESH_ISSUER_KEY   a new issuer key per attempt instead of one derived from the key
  *   -DMUTANT_NO_RECOVER         SDK: an entry left in doubt is never recovered (liveness)
+ *   -DMUTANT_VOID_BEFORE_FENCE  the code before 821217e: void in its own commit, then fence
  */
 
 /* ======================================================================== bounds */
@@ -52,7 +53,7 @@
 #endif
 #define NQ     2          /* requests on the wire */
 #define NEP    4          /* connection ids the terminal cycles through */
-#define MAXTOK 9          /* lease tokens: asserted, never reached */
+#define MAXTOK 16         /* lease tokens: asserted, never reached */
 #define DEADLINE_TOK 5    /* by the 5th take-over, deadline_at has surely passed: each
                              re-drive costs at least IDEMPAY_ISSUER_TIMEOUT */
 
@@ -94,7 +95,8 @@
 /* what the terminal waits for before it asks again (see README.md, "Abstractions") */
 #define W_NONE 0
 #define W_PROC 1          /* after a 202/409: until the key leaves `processing` */
-#define W_LIVE 2          /* after abort's 409: until the lease is gone or the key settles */
+#define W_LIVE 2          /* after abort's 409: until the abort could take over, or the key
+                             settles */
 
 /* where a server actor goes after a step */
 #define N_DONE   0
@@ -102,6 +104,7 @@
 #define N_SETTLE 2
 #define N_ABORT  3
 #define N_FENCE  4
+#define N_LATE_VOID 5
 
 #ifdef MUTANT_FRESH_ISSUER_KEY
 #define IKEY(t) (t)       /* a new issuer key per attempt */
@@ -125,6 +128,7 @@ byte k_state = NOKEY;     /* idempotency_key row:  state */
 byte k_tok = 0;           /*   lease_token */
 bool k_live = 0;          /*   lease_until > now */
 bool past = 0;            /*   now >= deadline_at (claim + IDEMPAY_ISSUER_DEADLINE) */
+bool claim_old = 0;       /*   now >= created_at + IDEMPAY_ISSUER_TIMEOUT + 0.5 s */
 byte t_count = 0;         /* transaction rows (one charge ledger entry each) for the key */
 byte t_status = ST_NONE;  /*   transaction.status */
 byte i_state[NIKEY];      /* issuer_authorization, by issuer key */
@@ -208,9 +212,26 @@ inline take_over() {
 inline deadline_then(settle_nxt, drive_nxt) {
   if
   :: past -> nxt = settle_nxt
-  :: !past -> past = 1; nxt = settle_nxt
+  :: !past -> past = 1; claim_old = 1; nxt = settle_nxt
   :: !past && k_tok < DEADLINE_TOK -> nxt = drive_nxt
   fi
+}
+
+/* service.fence_owned: one transaction -- store.fence_owned (UPDATE … SET state =
+   'aborted' WHERE state = 'processing' AND lease_token = mine) and, only if it won,
+   issuer.void(conn=) enlisted, + outbox. Fence and void commit together or not at all. */
+inline fence_owned() {
+  if
+  :: OWNED(tok) ->
+       stale_check(tok); k_state = ABRT; k_live = 0;
+#ifndef MUTANT_VOID_BEFORE_FENCE
+       issuer_void(IKEY(tok))
+#else
+       skip
+#endif
+  :: else
+  fi;
+  tok = 0; nxt = 0
 }
 
 /* existing(record) on the row as it is now: answer from it, or take an abandoned key over
@@ -271,8 +292,12 @@ inline abort_request() {
 #endif
     :: k_state == DONE -> code = t_status; respond()      /* _abort_existing */
     :: k_state == ABRT || k_state == EXPD -> code = R_FENCED; respond()
-    :: k_state == PROC && k_live -> code = R_BUSY; respond()
-    :: k_state == PROC && !k_live -> take_over(); nxt = N_ABORT
+    /* _abort_may_take_over: an expired lease, or a claim older than the issuer timeout
+       (the key is the server's own by then) -- else 409 */
+    :: k_state == PROC && (!k_live || claim_old) -> take_over(); nxt = N_ABORT
+    :: k_state == PROC && k_live && !claim_old ->
+         claim_old = 1; take_over(); nxt = N_ABORT   /* the issuer timeout has passed now */
+    :: k_state == PROC && k_live && !claim_old -> code = R_BUSY; respond()
     fi
 }
 
@@ -321,39 +346,18 @@ next:
        :: nxt == N_FENCE -> goto blind_fence
        fi;
 
-/* ---- settle(): past the issuer deadline, void and fence -------------------------- */
+/* ---- settle(): past the issuer deadline, fence (and void) ------------------------ */
 settle:
-#ifdef FIX_FENCE_THEN_VOID
-       /* the fix: fence first; void only if the fence won (the simulator's void enlisted
-          in the fence_owned transaction) */
+#ifdef MUTANT_VOID_BEFORE_FENCE
+       atomic { issuer_void(IKEY(tok)) }  /* the code before 821217e: void, own commit */
+#endif
        atomic {
-         if
-         :: OWNED(tok) -> stale_check(tok); k_state = ABRT; k_live = 0;
-                          issuer_void(IKEY(tok))
-         :: else
-         fi;
-         tok = 0; nxt = 0;
-         if
-         :: top -> respond()
-         :: else
-         fi
-       }
-#else
-       atomic { issuer_void(IKEY(tok)) }  /* issuer.void: its own transaction */
-       /* fence_owned → store.fence_owned: UPDATE … SET state = 'aborted' WHERE state =
-          'processing' AND lease_token = mine; + outbox; one COMMIT */
-       atomic {
-         if
-         :: OWNED(tok) -> stale_check(tok); k_state = ABRT; k_live = 0
-         :: else
-         fi;
-         tok = 0; nxt = 0;
+         fence_owned();
          if
          :: top -> respond()              /* the completer: counted as aborted */
          :: else
          fi
        }
-#endif
        if
        :: !busy[me] -> goto done
        :: else -> goto reread             /* _recover_inline: existing(read) */
@@ -398,35 +402,35 @@ drive:
               stale_check(tok);
               k_state = DONE; k_live = 0; t_count++; t_status = ans;
               code = ans; respond()
-         :: else -> tok = 0; ans = 0; nxt = 0
+         :: else -> ans = 0; nxt = 0
          fi
        }
        if
        :: !busy[me] -> goto done
-       :: else -> goto reread
+       :: else
        fi;
-
-/* ---- POST /v1/transactions/{id}/abort: resolution.abort -------------------------- */
-abort_fence_owned:                        /* _abort_existing: the lease had expired */
-#ifdef FIX_FENCE_THEN_VOID
+       /* 0 rows: _must_read; fenced while we waited → void the late answer (issuer.void,
+          its own commit, best effort); then existing(record) */
        atomic {
          if
-         :: OWNED(tok) -> stale_check(tok); k_state = ABRT; k_live = 0;
-                          issuer_void(IKEY(tok))
-         :: else
-         fi;
-         tok = 0; nxt = 0
+         :: k_state == ABRT -> nxt = N_LATE_VOID
+         :: else -> tok = 0; existing()
+         fi
        }
-#else
-       atomic { issuer_void(IKEY(tok)) }  /* service.issuer.void: its own transaction */
-       atomic {                           /* service.fence_owned */
-         if
-         :: OWNED(tok) -> stale_check(tok); k_state = ABRT; k_live = 0
-         :: else
-         fi;
-         tok = 0; nxt = 0
-       }
+       if
+       :: !busy[me] -> goto done
+       :: nxt == N_LATE_VOID
+       :: else -> goto next
+       fi;
+       atomic { issuer_void(IKEY(tok)); code = R_FENCED; respond() }
+       goto done;
+
+/* ---- POST /v1/transactions/{id}/abort: resolution.abort -------------------------- */
+abort_fence_owned:                        /* _abort_existing, after its take-over */
+#ifdef MUTANT_VOID_BEFORE_FENCE
+       atomic { issuer_void(IKEY(tok)) }  /* the code before 821217e: void, own commit */
 #endif
+       atomic { fence_owned() }           /* service.fence_owned */
        atomic {                           /* again = service.read, _abort_existing(again) */
          if
          :: k_state == DONE -> code = t_status
@@ -617,7 +621,11 @@ loop:
             :: atomic { k_state != PROC || t_deadline -> w = W_NONE }
             :: atomic { !t_deadline -> t_deadline = 1; w = W_NONE }
             fi
-       :: w == W_LIVE -> atomic { k_state != PROC || !k_live -> w = W_NONE }
+       :: w == W_LIVE ->
+            if
+            :: atomic { k_state != PROC || !k_live || claim_old -> w = W_NONE }
+            :: atomic { !claim_old -> claim_old = 1; w = W_NONE }   /* the claim ages */
+            fi
        :: w == W_NONE
        fi;
        goto loop
@@ -698,15 +706,8 @@ active proctype Monitor()
 {
 end_monitor:
   atomic {
-#ifdef CHECK_F
     !(P_A && P_B && P_C && P_E && P_F) ->
-#else
-    !(P_A && P_B && P_C && P_E) ->
-#endif
-    assert(P_A); assert(P_B); assert(P_C); assert(P_E);
-#ifdef CHECK_F
-    assert(P_F)
-#endif
+    assert(P_A); assert(P_B); assert(P_C); assert(P_E); assert(P_F)
   }
 }
 #endif
