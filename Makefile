@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint bench loadtest verify services tools clean
+.PHONY: demo test lint bench loadtest chaos verify services tools clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ bench: $(STAMP) services
 
 loadtest: $(STAMP) services
 	$(BIN)/python -m loadtest.run_loadtest
+
+# Faults on a seeded schedule against a private PostgreSQL + Redis; writes docs/reliability.md.
+CHAOS_SEED ?= 7
+CHAOS_DURATION ?= 300
+chaos: $(STAMP)
+	$(BIN)/python -m loadtest.chaos --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) --report docs/reliability.md
 
 verify:
 	./scripts/verify.sh

@@ -90,6 +90,7 @@ class FleetConfig:
     max_backoff: float = 0.5
     abort_grace_s: float = 15.0
     terminal_prefix: str = "SIM"
+    clock_skew_s: float = 0.0  # the terminals' clocks run this far from the true time
 
     def __post_init__(self) -> None:
         if self.terminals < 1 or self.payments < 1:
@@ -162,7 +163,11 @@ class CountingTransport(httpx.BaseTransport):
             names = ["reversals"]
         with self._lock:
             self.counts.update(names)
-        return self.inner.handle_request(request)
+        response = self.inner.handle_request(request)
+        if response.status_code >= 500:
+            with self._lock:
+                self.counts[f"http_{response.status_code}"] += 1
+        return response
 
     def close(self) -> None:
         self.inner.close()
@@ -193,6 +198,7 @@ def _open_client(config: FleetConfig, index: int) -> tuple[Client, CountingTrans
             reset=config.loss * 0.2,
         )
     counting = CountingTransport(inner)
+    skew = config.clock_skew_s
     client = Client(
         config.base_url,
         config.api_key,
@@ -205,6 +211,7 @@ def _open_client(config: FleetConfig, index: int) -> tuple[Client, CountingTrans
         max_backoff=config.max_backoff,
         abort_grace_s=config.abort_grace_s,
         seed=_seed(config, index, "sdk"),
+        clock=(lambda: time.time() + skew) if skew else None,
     )
     return client, counting
 

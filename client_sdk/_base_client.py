@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 
 import httpx
@@ -24,6 +25,8 @@ from ._retry import RetryPolicy
 __all__ = ["NETWORKS", "BaseClient", "no_reply", "reply_from"]
 
 NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
+# The server's Date header has a resolution of one second: a smaller offset is noise.
+CLOCK_SKEW_TOLERANCE_S = 2.0
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
@@ -84,6 +87,26 @@ class BaseClient:
         )
         self._active: set[str] = set()
         self._active_lock = threading.Lock()
+        self.clock_offset_s: float | None = None  # server clock − ours, from Date headers
+
+    def _observe_clock(self, response: httpx.Response) -> None:
+        """Estimate how far the server's clock is from ours (its ``Date`` header, which
+        truncates to the second: +0.5 s) so that ``expires_at`` — a deadline the server
+        compares with its own clock — survives a terminal whose clock is off."""
+        date = response.headers.get("date")
+        if not date:
+            return
+        try:
+            server = parsedate_to_datetime(date).timestamp() + 0.5
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return
+        self.clock_offset_s = server - self._ctx.clock()
+
+    def _server_now(self, local: float) -> float:
+        offset = self.clock_offset_s
+        if offset is None or abs(offset) < CLOCK_SKEW_TOLERANCE_S:
+            return local
+        return local + offset
 
     def _payment(
         self,
@@ -103,7 +126,8 @@ class BaseClient:
             raise ValueError("deadline_s must be > 0")
         started = self._ctx.clock()
         now = datetime.fromtimestamp(started, UTC)
-        expires = now + timedelta(seconds=deadline_s) if self.send_expires_at else None
+        server_now = datetime.fromtimestamp(self._server_now(started), UTC)
+        expires = server_now + timedelta(seconds=deadline_s) if self.send_expires_at else None
         body = build_body(
             terminal_id=self.terminal_id,
             kind=kind,

@@ -177,6 +177,7 @@ class Client(BaseClient):
             response = self._http.request(effect.method, effect.path, **send_kwargs(effect))
         except httpx.TransportError as exc:
             return no_reply(exc)
+        self._observe_clock(response)
         return reply_from(response)
 
 
@@ -331,4 +332,5 @@ class AsyncClient(BaseClient):
             response = await self._http.request(effect.method, effect.path, **send_kwargs(effect))
         except httpx.TransportError as exc:
             return no_reply(exc)
+        self._observe_clock(response)
         return reply_from(response)

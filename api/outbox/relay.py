@@ -115,16 +115,26 @@ class Relay:
     async def run_forever(
         self, *, interval: float = 0.2, stop: Callable[[], bool] = lambda: False
     ) -> None:
-        async with self.engine.connect() as lock_conn:
-            await _lead(lock_conn)
-            while not stop():
-                try:
-                    published = await self.run_once()
-                except Exception as exc:  # Redis or storage down: retry next tick
-                    log.warning("relay_tick_failed", error=type(exc).__name__)
-                    published = 0
-                if published < self.batch:
-                    await asyncio.sleep(interval)
+        """Lead, then publish batch after batch. Leadership is a session lock: when the
+        session holding it dies (a storage restart drops every connection), the lock is
+        gone with it, so each tick first checks that session and, if it is dead, the relay
+        stops publishing and competes for the lock again."""
+        while not stop():
+            try:
+                async with self.engine.connect() as lock_conn:
+                    await _lead(lock_conn)
+                    while not stop():
+                        await _still_leading(lock_conn)
+                        try:
+                            published = await self.run_once()
+                        except Exception as exc:  # Redis or storage down: retry next tick
+                            log.warning("relay_tick_failed", error=type(exc).__name__)
+                            published = 0
+                        if published < self.batch:
+                            await asyncio.sleep(interval)
+            except Exception as exc:  # the lock's session is gone: lead again
+                log.warning("relay_lead_lost", error=type(exc).__name__)
+                await asyncio.sleep(interval)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +188,13 @@ async def _lead(conn: AsyncConnection) -> None:
         await asyncio.sleep(1.0)
     await conn.commit()  # keep the session lock, end the transaction
     log.info("relay_leading")
+
+
+async def _still_leading(conn: AsyncConnection) -> None:
+    """Raise unless the session that took the lock is alive (Postgres); no-op on SQLite."""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text("SELECT 1"))
+        await conn.commit()
 
 
 def consume(

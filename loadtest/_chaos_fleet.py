@@ -1,0 +1,252 @@
+"""The chaos harness's terminals and its probe.
+
+Each terminal is its own process (``python -m loadtest._chaos_fleet SPEC``) running
+``api.simulate.Terminal`` — one ``client_sdk.Client`` with its own journal — through the
+chaos proxy: on start it ``recover()``s what its journal holds in doubt (a reboot after a
+SIGKILL), then sells one payment after another until the harness's stop file appears,
+then settles its journal and exits. It prints one JSON line per payment the SDK reported
+(``{"key", "status"}``), ``{"booted": true}`` once its recovery is done, and its round-trip
+counts at the end.
+
+``TerminalProcess`` supervises one terminal from a thread: ``kill()`` SIGKILLs it and a
+new process starts on the same journal after ``reboot_delay_s``.
+
+``Probe`` sends a create straight to the API (not through the proxy) every
+``interval_s``, for the time-to-recover figures: a probe succeeds when the create answers
+201 or 202 within its timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from api.simulate import FleetConfig, Terminal
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Tally:
+    """What every terminal reported, thread-safe: key → last status the SDK reported."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.outcomes: dict[str, str] = {}
+        self.counts: Counter[str] = Counter()
+        self.completed: list[float] = []  # monotonic time of each payment the SDK settled
+
+    def record(self, key: str, status: str) -> None:
+        with self._lock:
+            self.outcomes[key] = status
+            self.completed.append(time.monotonic())
+
+    def merge(self, counts: dict[str, int]) -> None:
+        with self._lock:
+            self.counts.update(counts)
+
+
+@dataclass
+class TerminalProcess:
+    """One terminal, run as a process and restarted on its journal after a kill."""
+
+    config: FleetConfig
+    index: int
+    stop_file: Path
+    tally: Tally
+    think_s: float = 0.05
+    reboot_delay_s: float = 1.0
+    kills: int = 0
+    unexpected_exits: list[str] = field(default_factory=list)
+    booted_at: float = 0.0
+    _proc: subprocess.Popen[str] | None = None
+    _killed: bool = False
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def terminal_id(self) -> str:
+        return self.config.terminal_id(self.index)
+
+    @property
+    def journal(self) -> Path:
+        return self.config.journal(self.index)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._supervise, name=self.terminal_id, daemon=True)
+        self._thread.start()
+
+    def kill(self) -> float:
+        """SIGKILL the running process (it is rebooted); the monotonic time of the kill."""
+        with self._lock:
+            proc = self._proc
+            self._killed = True
+            self.booted_at = 0.0
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        return time.monotonic()
+
+    def join(self, timeout: float) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def terminate(self) -> None:
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+
+    def _supervise(self) -> None:
+        reboot = False
+        while True:
+            self._run_once(reboot=reboot)
+            with self._lock:
+                killed, self._killed = self._killed, False
+                code = self._proc.returncode if self._proc is not None else None
+            if killed:
+                time.sleep(self.reboot_delay_s)
+                reboot = True
+                continue
+            if code != 0:
+                self.unexpected_exits.append(f"{self.terminal_id} exited with {code}")
+                if not self.stop_file.exists():
+                    reboot = True
+                    continue
+            return
+
+    def _run_once(self, *, reboot: bool) -> None:
+        spec = {
+            "fleet": self.config.to_json(),
+            "index": self.index,
+            "stop_file": str(self.stop_file),
+            "think_s": self.think_s,
+            "reboot": reboot,
+        }
+        with self._lock:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "loadtest._chaos_fleet", json.dumps(spec)],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            proc = self._proc
+        assert proc.stdout is not None
+        last: dict[str, Any] = {}
+        for line in proc.stdout:
+            with contextlib.suppress(ValueError):
+                last = json.loads(line)
+            if "key" in last:
+                self.tally.record(last["key"], last["status"])
+            if last.get("booted"):
+                self.booted_at = time.monotonic()
+            if "counts" in last:
+                self.tally.merge(last["counts"])
+        proc.stdout.close()
+        proc.wait()
+
+
+def _child(argv: list[str]) -> None:
+    spec = json.loads(argv[0])
+    config = FleetConfig.from_json(spec["fleet"])
+    stop_file = Path(spec["stop_file"])
+    rng = random.Random(f"{config.seed}:{spec['index']}:think:{spec['reboot']}")
+
+    def emit(message: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+    with contextlib.closing(Terminal(config, spec["index"], rebooted=spec["reboot"])) as pos:
+        for key, status in pos.settle().items():  # recover() what a kill left in doubt
+            emit({"key": key, "status": status, "boot": True})
+        emit({"booted": True})
+        while not stop_file.exists():
+            emit(dict(zip(("key", "status"), pos.sell(), strict=True)))
+            time.sleep(rng.uniform(0.0, spec["think_s"]))
+        for key, status in pos.settle().items():
+            emit({"key": key, "status": status})
+        emit({"counts": dict(pos.counts), "done": True})
+
+
+class Probe:
+    """A create straight to the API every ``interval_s``; (monotonic time, ok) per try."""
+
+    def __init__(self, base_url: str, api_key: str, *, interval_s: float = 0.25) -> None:
+        self.base_url, self.interval_s = base_url, interval_s
+        self._headers = {"Authorization": f"Bearer {api_key}"}
+        self.results: list[tuple[float, bool]] = []
+        self.keys: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="probe", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def first_success_after(self, moment: float) -> float | None:
+        return next((t for t, ok in list(self.results) if ok and t >= moment), None)
+
+    def failures_between(self, start: float, end: float) -> int:
+        return sum(1 for t, ok in list(self.results) if not ok and start <= t <= end)
+
+    def _run(self) -> None:
+        body = {
+            "terminal_id": "PROBE-1",
+            "amount": 100,
+            "currency": "BRL",
+            "card": {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"},
+        }
+        with httpx.Client(base_url=self.base_url, timeout=3.0, headers=self._headers) as http:
+            while not self._stop.wait(self.interval_s):
+                key = str(uuid.uuid4())
+                self.keys.append(key)
+                started = time.monotonic()
+                try:
+                    answer = http.post(
+                        "/v1/transactions", json=body, headers={"Idempotency-Key": key}
+                    )
+                    ok = answer.status_code in (201, 202)
+                except httpx.HTTPError:
+                    ok = False
+                self.results.append((started, ok))
+
+    def settle(self, *, timeout: float = 90.0) -> dict[str, int]:
+        """Give every probe key a definitive state: processed, or fenced by abort."""
+        outcome: Counter[str] = Counter()
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.base_url, timeout=5.0, headers=self._headers) as http:
+            for key in self.keys:
+                while time.monotonic() < deadline:
+                    try:
+                        found = http.get(f"/v1/transactions/{key}")
+                        if found.status_code == 404:
+                            found = http.post(f"/v1/transactions/{key}/abort")
+                    except httpx.HTTPError:
+                        time.sleep(0.5)
+                        continue
+                    if found.status_code in (200, 410):
+                        outcome[found.headers.get("idempotency-status", "?")] += 1
+                        break
+                    time.sleep(0.5)
+                else:
+                    outcome["unsettled"] += 1
+        return dict(outcome)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])

@@ -1,0 +1,402 @@
+"""``make chaos``: a terminal fleet through the chaos proxy while faults land on a seeded
+schedule; then SPEC §8's invariants and the ledger balance per merchant.
+
+    python -m loadtest.chaos [--duration 300] [--seed 7] [--terminals 12]
+                             [--report docs/reliability.md] [--keep]
+
+What runs (all private to the run, on loopback): a PostgreSQL cluster and a Redis of the
+harness's own (``loadtest._chaos_services``), ``idempay serve --workers 2`` on them,
+``idempay completer`` and ``idempay relay`` as their own processes, the chaos proxy in
+front of the API (3.5 % of requests hit a network fault), the terminals (one process
+each, SDK + journal, spread over three merchants; one with its clock 120 s behind) and a
+probe that sends a create straight to the API four times a second.
+
+The faults (``plan``): an API worker SIGKILLed, a terminal SIGKILLed and rebooted on its
+journal (it ``recover()``s first), PostgreSQL crashed (``pg_ctl -m immediate``) and
+restarted, Redis SIGKILLed and restarted empty, a 30 % loss burst on the link. Each lands
+in its own slot of the run; a 5-minute run holds every kind at least once (the API worker
+kill three times), a short run (``--duration 60``, the ``make test`` variant) each kind once.
+
+After the run the terminals stop selling and settle their journals, the completer and the
+relay drain, the API stops (flushing its request events), and the checks run: SPEC §8 on
+the database and the journals (``api.invariants``), every outbox event relayed, nothing
+stuck processing, no 500 answered, no terminal process died on its own. Time to recover
+(per fault): from the injection until the component was back *and* work went through
+again — a worker/PostgreSQL/Redis fault: the probe's first successful create after the
+restart; a terminal kill: its reboot's journal recovery done; a loss burst: the fleet's
+first settled payment after the burst.
+
+Exit status 0 only when every check holds. ``--report PATH`` writes the run as Markdown
+(``docs/reliability.md`` under ``make chaos``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtest import _chaos_report as report
+from loadtest._chaos_fleet import Probe, Tally, TerminalProcess
+from loadtest._chaos_services import (
+    Api,
+    PrivatePostgres,
+    PrivateRedis,
+    Sidecar,
+    migrate_and_keys,
+)
+from loadtest.chaos_proxy import ChaosProxy, ProxyThread
+
+MERCHANTS = ("chaos-m1", "chaos-m2", "chaos-m3")
+PROBE = "chaos-probe"
+STEADY_LOSS = 0.035
+BURST_LOSS = 0.30
+SKEW_S = -120.0
+KINDS = ("worker_kill", "terminal_kill", "postgres_restart", "redis_restart", "loss_burst")
+LONG_COUNTS = {
+    "worker_kill": 3,
+    "terminal_kill": 3,
+    "postgres_restart": 1,
+    "redis_restart": 1,
+    "loss_burst": 2,
+}
+RECOVER_TIMEOUT_S = 90.0
+
+
+@dataclass
+class Fault:
+    kind: str
+    at_s: float  # planned, from the start of the fleet
+    hold_s: float  # how long the component stays down / the burst lasts
+    injected: float = 0.0  # monotonic
+    healed: float | None = None
+    recovered: float | None = None
+    probe_failures: int = 0
+    detail: str = ""
+
+    @property
+    def recover_s(self) -> float | None:
+        return None if self.recovered is None else self.recovered - self.injected
+
+
+def plan(duration_s: float, seed: int) -> list[Fault]:
+    """The fault schedule: each fault in its own slot after a warm-up, order and offsets
+    drawn from ``seed``. At least 5 minutes: ``LONG_COUNTS``; shorter: each kind once."""
+    rng = random.Random(f"{seed}:plan")
+    counts = LONG_COUNTS if duration_s >= 300 else dict.fromkeys(KINDS, 1)
+    kinds = [kind for kind, n in counts.items() for _ in range(n)]
+    rng.shuffle(kinds)
+    warmup = min(15.0, duration_s * 0.1)
+    slot = (duration_s - warmup) / len(kinds)
+    holds = {
+        "worker_kill": 0.0,
+        "terminal_kill": 0.0,
+        "postgres_restart": min(4.0, slot * 0.3),
+        "redis_restart": min(8.0, slot * 0.4),
+        "loss_burst": min(15.0, slot * 0.5),
+    }
+    return [
+        Fault(kind, warmup + i * slot + rng.uniform(0.0, slot * 0.2), holds[kind])
+        for i, kind in enumerate(kinds)
+    ]
+
+
+@dataclass
+class Run:
+    """Everything one chaos run starts, and what it saw."""
+
+    args: argparse.Namespace
+    root: Path
+    pg: PrivatePostgres
+    redis: PrivateRedis
+    api: Api
+    sidecars: list[Sidecar]
+    proxy: ProxyThread
+    terminals: list[TerminalProcess]
+    probe: Probe
+    tally: Tally
+    faults: list[Fault]
+    rng: random.Random
+    started: float = 0.0
+    fleet_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ the faults
+    def inject(self, fault: Fault) -> None:
+        fault.injected = time.monotonic()
+        getattr(self, f"_{fault.kind}")(fault)
+        if fault.recovered is None and fault.healed is not None:
+            deadline = fault.healed + RECOVER_TIMEOUT_S
+            while fault.recovered is None and time.monotonic() < deadline:
+                fault.recovered = self.probe.first_success_after(fault.healed)
+                time.sleep(0.05)
+        end = fault.recovered or time.monotonic()
+        fault.probe_failures = self.probe.failures_between(fault.injected, end)
+
+    def _worker_kill(self, fault: Fault) -> None:
+        pid = self.api.kill_worker(self.rng)
+        fault.detail = f"SIGKILL uvicorn worker pid {pid}"
+        if self.api.wait_workers(without=pid, timeout=RECOVER_TIMEOUT_S):
+            fault.healed = time.monotonic()
+
+    def _terminal_kill(self, fault: Fault) -> None:
+        victim = self.rng.choice(self.terminals)
+        fault.detail = f"SIGKILL {victim.terminal_id}, rebooted on its journal"
+        killed = victim.kill()
+        deadline = killed + RECOVER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if victim.booted_at > killed:
+                fault.healed = fault.recovered = victim.booted_at
+                return
+            time.sleep(0.05)
+
+    def _postgres_restart(self, fault: Fault) -> None:
+        fault.detail = f"pg_ctl stop -m immediate; down {fault.hold_s:.0f} s; start"
+        self.pg.crash()
+        time.sleep(fault.hold_s)
+        self.pg.start()
+        fault.healed = time.monotonic()
+
+    def _redis_restart(self, fault: Fault) -> None:
+        fault.detail = f"SIGKILL redis-server; down {fault.hold_s:.0f} s; start empty"
+        self.redis.kill()
+        time.sleep(fault.hold_s)
+        self.redis.start()
+        fault.healed = time.monotonic()
+
+    def _loss_burst(self, fault: Fault) -> None:
+        fault.detail = f"link loss {STEADY_LOSS:.1%} → {BURST_LOSS:.0%} for {fault.hold_s:.0f} s"
+        self.proxy.proxy.loss = BURST_LOSS
+        time.sleep(fault.hold_s)
+        self.proxy.proxy.loss = STEADY_LOSS
+        fault.healed = time.monotonic()
+        deadline = fault.healed + RECOVER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            after = [t for t in list(self.tally.completed) if t >= fault.healed]
+            if after:
+                fault.recovered = min(after)
+                return
+            time.sleep(0.05)
+
+    # ------------------------------------------------------------------ the run
+    def fleet(self) -> None:
+        """Start the fleet, inject the faults on schedule, then stop the terminals."""
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        for terminal in self.terminals:
+            terminal.start()
+        self.probe.start()
+        self.started = time.monotonic()
+        schedule = threading.Thread(target=self._schedule, name="faults", daemon=True)
+        schedule.start()
+        progress = Progress(
+            TextColumn("[bold]chaos"),
+            BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+        )
+        with progress:
+            task = progress.add_task("run", total=self.args.duration, status="")
+            while (elapsed := time.monotonic() - self.started) < self.args.duration:
+                done = sum(1 for f in self.faults if f.injected)
+                status = f"{len(self.tally.outcomes)} payments · {done}/{len(self.faults)} faults"
+                progress.update(task, completed=elapsed, status=status)
+                time.sleep(0.5)
+            progress.update(task, completed=self.args.duration)
+        schedule.join()  # a fault still recovering finishes first
+        self.fleet_s = time.monotonic() - self.started
+        (self.root / "stop").touch()
+        for terminal in self.terminals:
+            if not terminal.join(240):
+                terminal.terminate()
+                self.errors.append(f"{terminal.terminal_id} did not settle its journal in time")
+        self.probe.stop()
+
+    def _schedule(self) -> None:
+        for fault in self.faults:
+            wait = self.started + fault.at_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                self.inject(fault)
+            except Exception as exc:  # reported, and the run fails
+                self.errors.append(f"{fault.kind}: {type(exc).__name__}: {exc}")
+                fault.detail = f"{fault.detail} — FAILED: {exc}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.chaos", description=__doc__)
+    parser.add_argument("--duration", type=float, default=300.0, help="fleet seconds")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--terminals", type=int, default=12)
+    parser.add_argument("--workers", type=int, default=2, help="API worker processes")
+    parser.add_argument("--report", type=Path, help="write the run as Markdown here")
+    parser.add_argument("--keep", action="store_true", help="keep the run's folder")
+    return parser
+
+
+def _env(pg: PrivatePostgres, redis: PrivateRedis, root: Path) -> dict[str, str]:
+    return {
+        "IDEMPAY_DATABASE_URL": pg.url,
+        "IDEMPAY_REDIS_URL": redis.url,
+        "IDEMPAY_REDIS_PREFIX": "chaos:",
+        "IDEMPAY_VAR_DIR": str(root / "var"),
+        "IDEMPAY_COMPLETER_ENABLED": "false",  # the completer runs as its own process
+        "IDEMPAY_COMPLETER_INTERVAL": "0.5",
+        "IDEMPAY_DB_POOL_SIZE": "8",
+        "IDEMPAY_RATE_LIMIT": "100000/second",
+        "IDEMPAY_RATE_LIMIT_TERMINAL": "100000/second",
+        "IDEMPAY_LOG_LEVEL": "WARNING",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from api.simulate import FleetConfig
+
+    args = _parser().parse_args(argv)
+    if args.duration < 30:
+        raise SystemExit("chaos: --duration must be at least 30 s")
+    root = Path(tempfile.mkdtemp(prefix="idempay-chaos-"))
+    say = report.say
+    say(f"chaos: seed {args.seed}, {args.duration:.0f} s, {args.terminals} terminals; in {root}")
+    pg = PrivatePostgres(root).init()
+    redis = PrivateRedis(root)
+    started: list[object] = []
+    try:
+        pg.start()
+        redis.start()
+        keys = migrate_and_keys(pg.url, [*MERCHANTS, PROBE])
+        env = _env(pg, redis, root)
+        (root / "logs").mkdir()
+        api = Api(env, root / "logs" / "api.log", workers=args.workers)
+        api.start()
+        started.append(api)
+        sidecars = [
+            Sidecar([name], env, root / "logs" / f"{name}.log") for name in ("completer", "relay")
+        ]
+        for sidecar in sidecars:
+            sidecar.spawn()
+            started.append(sidecar)
+        proxy = ChaosProxy(
+            target_host="127.0.0.1",
+            target_port=api.port,
+            seed=args.seed,
+            loss=STEADY_LOSS,
+            drop_request_ratio=0.5,
+            reset_ratio=0.2,
+        ).run_in_thread()
+        started.append(proxy)
+        tally = Tally()
+        terminals = []
+        for index in range(args.terminals):
+            merchant = MERCHANTS[index % len(MERCHANTS)]
+            config = FleetConfig(
+                base_url=f"http://127.0.0.1:{proxy.port}",
+                api_key=keys[merchant][1],
+                workdir=root / "journals",
+                via_proxy=True,
+                seed=args.seed,
+                deadline_s=30.0,
+                timeout_s=5.0,
+                max_backoff=1.0,
+                abort_grace_s=15.0,
+                terminal_prefix="CHAOS",
+                clock_skew_s=SKEW_S if index == 0 else 0.0,
+            )
+            config.workdir.mkdir(parents=True, exist_ok=True)
+            terminals.append(TerminalProcess(config, index, root / "stop", tally))
+        run = Run(
+            args=args,
+            root=root,
+            pg=pg,
+            redis=redis,
+            api=api,
+            sidecars=sidecars,
+            proxy=proxy,
+            terminals=terminals,
+            probe=Probe(api.url, keys[PROBE][1]),
+            tally=tally,
+            faults=plan(args.duration, args.seed),
+            rng=random.Random(f"{args.seed}:victims"),
+        )
+        run.fleet()
+        proxy_stats = dict(proxy.stats)
+        proxy.stop()
+        started.remove(proxy)
+        say("chaos: fleet stopped; settling probe keys, completer and relay")
+        probe_outcome = run.probe.settle()
+        ids = [keys[name][0] for name in MERCHANTS]
+        drained = asyncio.run(report.drain(pg.url, [*ids, keys[PROBE][0]]))
+        for sidecar in sidecars:
+            if not sidecar.alive():
+                run.errors.append(f"{sidecar.args[0]} exited on its own")
+        if not api.alive():
+            run.errors.append("the API supervisor exited on its own")
+        for process in (api, *sidecars):
+            process.stop()
+            started.remove(process)
+        for terminal in terminals:
+            run.errors.extend(terminal.unexpected_exits)
+        checks = asyncio.run(
+            report.check(
+                pg.url,
+                merchants=ids,
+                probe=keys[PROBE][0],
+                reported=dict(tally.outcomes),
+                journals=[t.journal for t in terminals],
+            )
+        )
+        result = report.Result(
+            seed=args.seed,
+            duration_s=args.duration,
+            fleet_s=run.fleet_s,
+            terminals=args.terminals,
+            workers=args.workers,
+            faults=run.faults,
+            skewed=terminals[0].terminal_id,
+            skew_s=SKEW_S,
+            kills=Counter(f.kind for f in run.faults if f.injected),
+            outcomes=Counter(tally.outcomes.values()),
+            client_counts=Counter(tally.counts),
+            proxy=proxy_stats,
+            probe=(len(run.probe.results), sum(1 for _, ok in run.probe.results if not ok)),
+            probe_outcome=probe_outcome,
+            drained=drained,
+            checks=checks,
+            errors=run.errors,
+            started=run.started,
+            command=" ".join(["python -m loadtest.chaos", *(argv or sys.argv[1:])]),
+        )
+        report.show(result)
+        if args.report:
+            args.report.write_text(report.markdown(result))
+            say(f"chaos: report written to {args.report}")
+        say("chaos: " + ("PASSED" if result.ok else "FAILED"))
+        return 0 if result.ok else 1
+    finally:
+        for thing in reversed(started):
+            stop = getattr(thing, "stop", None)
+            if stop is not None:
+                try:
+                    stop()
+                except Exception as exc:  # keep cleaning up
+                    report.say(f"chaos: cleanup: {type(exc).__name__}: {exc}")
+        redis.kill()
+        pg.stop()
+        if args.keep:
+            say(f"chaos: kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
