@@ -256,9 +256,9 @@ def markdown(result: Result) -> str:
     lines = [
         "# Reliability: the chaos run",
         "",
-        "Written by `make chaos` (`loadtest/chaos.py`; how it works is in its docstring and in",
-        "docs/operations.md). Figures are from one run on the shared 2-core development",
-        "machine; times to recover depend on its load.",
+        "Written by `make chaos` (`loadtest/chaos.py`; how it works: its docstring and",
+        'docs/operations.md, "Chaos runs"). Figures are from one run on the shared 2-core',
+        "development machine while other jobs ran on it; times to recover depend on its load.",
         "",
         f"- Command: `{result.command}` (seed {result.seed}), run {result.when}",
         f"- Fleet: {result.terminals} terminal processes (SDK + journal) over three merchants",
