@@ -1,5 +1,13 @@
 """API keys: ``idp_`` + 43 url-safe characters, stored only as sha256, compared in constant
-time, cached in memory for a minute (a revoked key stops working within that minute)."""
+time, cached in memory for a minute (a revoked key stops working within that minute).
+
+Failed authentications are limited per client address (``IDEMPAY_AUTH_FAILURE_LIMIT``,
+``AuthFailureLimiter``). While an address is over the limit, only keys this process has
+already seen authenticate are checked; every other request from it answers 429 without a key
+check, so guessing is capped at about ``limit`` tries per window per address, while terminals
+of known merchants that share the address (a carrier-grade NAT, a proxy) keep working. Every
+failure answers the same 401 body: a malformed, unknown or revoked key look alike.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +19,16 @@ import uuid
 
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
 
+from api.config import Settings
 from api.db import atomic, utcnow
 from api.errors import ApiError
 from api.models import ApiKey, Merchant
+from api.ratelimit import AuthFailureLimiter, rate_limited
 
 CACHE_SECONDS = 60.0
+KNOWN_GOOD_MAX = 100_000
 UNAUTHORIZED = ApiError(
     401,
     "unauthorized",
@@ -29,19 +41,66 @@ def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
+def _digest_of(authorization: str | None) -> str | None:
+    """sha256 of the bearer key, or None when the header cannot hold one."""
+    if not authorization or not authorization.startswith("Bearer "):
+        return None
+    api_key = authorization[len("Bearer ") :].strip()
+    if not api_key or len(api_key) > 200:
+        return None
+    return hash_key(api_key)
+
+
+def failure_limiter(settings: Settings) -> AuthFailureLimiter:
+    return AuthFailureLimiter(
+        limit=settings.auth_failure_limit,
+        redis_url=settings.redis_url,
+        prefix=f"{settings.redis_prefix}af",
+    )
+
+
+def client_address(request: Request) -> str:
+    """The peer as uvicorn reports it (X-Forwarded-For is honoured only from the proxies in
+    uvicorn's FORWARDED_ALLOW_IPS, default 127.0.0.1)."""
+    return request.client.host if request.client else "unknown"
+
+
 class Authenticator:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, failures: AuthFailureLimiter | None = None) -> None:
         self._engine = engine
         self._cache: dict[str, tuple[str, float]] = {}
+        self._failures = failures
+        # sha256 of keys that authenticated in this process (a bounded, oldest-first set):
+        # the only keys still checked for an address that is over the failure limit.
+        self._known_good: dict[str, None] = {}
+
+    async def authenticate(self, request: Request) -> tuple[str, str]:
+        """(merchant_id, key_hash) for the request, or 401 — or 429 for an address over the
+        failed-authentication limit presenting a key this process has not seen succeed."""
+        if self._failures is None:  # built from the app's settings on first use
+            self._failures = failure_limiter(request.app.state.ctx.settings)
+        authorization = request.headers.get("authorization")
+        client = client_address(request)
+        if _digest_of(authorization) not in self._known_good:  # known keys skip the check
+            retry_after = await self._failures.blocked(client)
+            if retry_after is not None:
+                raise rate_limited(self._failures.item, retry_after)
+        try:
+            merchant_id, digest = await self.merchant_for(authorization)
+        except ApiError:
+            await self._failures.failed(client)
+            raise
+        if digest not in self._known_good:
+            if len(self._known_good) >= KNOWN_GOOD_MAX:
+                del self._known_good[next(iter(self._known_good))]
+            self._known_good[digest] = None
+        return merchant_id, digest
 
     async def merchant_for(self, authorization: str | None) -> tuple[str, str]:
         """(merchant_id, key_hash) for a ``Bearer`` header, or raise 401."""
-        if not authorization or not authorization.startswith("Bearer "):
+        digest = _digest_of(authorization)
+        if digest is None:
             raise UNAUTHORIZED
-        api_key = authorization[len("Bearer ") :].strip()
-        if not api_key or len(api_key) > 200:
-            raise UNAUTHORIZED
-        digest = hash_key(api_key)
         cached = self._cache.get(digest)
         if cached and cached[1] > time.monotonic():
             return cached[0], digest

@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     rate_limit_terminal: str = Field(
         default="50/second", description="Per-(API key, terminal) limit on creates."
     )
+    auth_failure_limit: str = Field(
+        default="30/minute",
+        description="Failed authentications (401) per client address before that address gets"
+        " 429 for keys this process has not seen succeed (docs/security.md).",
+    )
     retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After for 409/202/503.")
     event_batch_size: int = Field(default=500, ge=1, description="Request events per flush.")
     event_flush_interval: float = Field(default=0.2, gt=0, description="Event flush period (s).")
@@ -85,6 +90,18 @@ class Settings(BaseSettings):
         default=False,
         description="Benchmarks only: mount POST /_bench/transactions, the same inserts with the"
         " idempotency layer bypassed (the baseline `make bench` compares against).",
+    )
+    header_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a client has from connecting (or from a request's first byte) to"
+        " the end of its request headers; then 408 (or a silent close if it sent nothing).",
+    )
+    body_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a client has from the end of its headers to the end of its request"
+        " body; then 408 `request_timeout` and nothing is processed.",
     )
     log_level: str = Field(default="INFO", description="structlog level.")
     log_json: bool = Field(default=True, description="JSON logs (false: console renderer).")

@@ -73,6 +73,7 @@ def create_engine(settings: Settings) -> AsyncEngine:
         pool_timeout=settings.db_timeout,
         pool_pre_ping=False,
         connect_args={"timeout": settings.db_timeout, "command_timeout": 30},
+        hide_parameters=True,  # a logged SQL error must not carry a stored card token
     )
 
 
@@ -80,7 +81,7 @@ def _sqlite_engine(url: str) -> AsyncEngine:
     path = url.split("///", 1)[1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_async_engine(url, connect_args={"timeout": 30})
+    engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:

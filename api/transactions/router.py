@@ -122,9 +122,7 @@ async def create_transaction(
 
     async def work() -> Outcome:
         ctx = call.ctx
-        call.merchant_id, key_hash = await ctx.auth.merchant_for(
-            request.headers.get("authorization")
-        )
+        call.merchant_id, key_hash = await ctx.auth.authenticate(request)
         await ctx.limiter.check(key_hash)
         call.key = parse_key(idempotency_key)
         body = decode(await read_body(request))
@@ -141,9 +139,7 @@ def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:
 
         async def work() -> Outcome:
             ctx = call.ctx
-            merchant_id, key_hash = await ctx.auth.merchant_for(
-                request.headers.get("authorization")
-            )
+            merchant_id, key_hash = await ctx.auth.authenticate(request)
             await ctx.limiter.check(key_hash)
             key = parse_uuid(transaction_id)
             call.merchant_id, call.key = merchant_id, key

@@ -18,6 +18,22 @@ from pydantic import (
 )
 
 METADATA_MAX_BYTES = 4096
+METADATA_MAX_DEPTH = 16  # nesting levels under ``metadata`` (an object directly in it is 2)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            level += 1
+            deepest = max(deepest, level)
+            stack.extend(
+                (child, level) for child in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
 
 
 def _whole_number(value: Any) -> Any:
@@ -67,6 +83,13 @@ class TransactionCreate(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _metadata_small(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Depth first: serializing (here, for the fingerprint, for storage) a deep structure
+        # hits the serializer's recursion limit, a 500 instead of this 422.
+        depth = _depth(value)
+        if depth > METADATA_MAX_DEPTH:
+            raise ValueError(
+                f"metadata is nested {depth} levels deep; the limit is {METADATA_MAX_DEPTH}"
+            )
         size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
         if size > METADATA_MAX_BYTES:
             raise ValueError(f"metadata is {size} bytes serialized; the limit is 4096")

@@ -26,6 +26,7 @@ FAST_ENV = {
     "IDEMPAY_COMPLETER_INTERVAL": "0.3",
     "IDEMPAY_RATE_LIMIT": "100000/second",
     "IDEMPAY_RATE_LIMIT_TERMINAL": "100000/second",
+    "IDEMPAY_AUTH_FAILURE_LIMIT": "100000/minute",  # tests/api/security sets a low one
     "IDEMPAY_EVENT_FLUSH_INTERVAL": "0.05",
     "IDEMPAY_DB_POOL_SIZE": "8",  # Postgres is shared: keep max_connections for others
 }
