@@ -108,7 +108,8 @@ def simulate(
 
     from rich.console import Console
 
-    from api.simulate import FleetConfig, default_workdir, describe, render, run_simulation
+    from api.simulate import FleetConfig
+    from api.simulate_run import default_workdir, describe, render, run_simulation
 
     if (url is None) != (api_key is None):
         raise typer.BadParameter("--url and --api-key go together")

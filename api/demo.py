@@ -22,7 +22,8 @@ def run_demo(
     *, workdir: Path, terminals: int, payments: int, loss: float, console: Console
 ) -> bool:
     from api.cli_lake import audit_command, export_command
-    from api.simulate import FleetConfig, render, run_simulation
+    from api.simulate import FleetConfig
+    from api.simulate_run import render, run_simulation
 
     workdir.mkdir(parents=True, exist_ok=True)
     lake, out = workdir / "lake", workdir / "audit"

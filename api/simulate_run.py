@@ -1,0 +1,184 @@
+"""``idempay simulate`` and ``idempay demo``'s fleet step: start a server (unless a URL is
+given), mint a merchant key, run the fleet (``api.simulate``), check SPEC §8
+(``api.invariants``) and render the run as a rich table."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from api.simulate import FleetConfig, FleetResult, run_fleet
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from api.invariants import InvariantReport
+
+__all__ = ["default_workdir", "describe", "render", "run_simulation", "start_server"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def start_server(log_path: Path, *, timeout: float = 60.0) -> Iterator[str]:
+    """``python -m api serve`` on a free loopback port (configured database); its URL."""
+    port = _free_port()
+    env = dict(os.environ)
+    env.setdefault("IDEMPAY_RATE_LIMIT", "100000/second")  # a fleet at full speed, not
+    env.setdefault("IDEMPAY_RATE_LIMIT_TERMINAL", "100000/second")  # terminals' real pace
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api", "serve", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, url, log_path, timeout)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server not ready after {timeout:.0f}s (log: {log_path})")
+
+
+async def _new_api_key(merchant: str) -> str:
+    from api.auth import create_api_key
+    from api.config import Settings
+    from api.db import create_engine
+
+    engine = create_engine(Settings())
+    try:
+        return await create_api_key(engine, merchant)
+    finally:
+        await engine.dispose()
+
+
+async def _check(api_key: str, result: FleetResult) -> InvariantReport:
+    from api.config import Settings
+    from api.db import create_engine
+    from api.invariants import check_invariants, merchant_for_api_key
+
+    engine = create_engine(Settings())
+    try:
+        merchant = await merchant_for_api_key(engine, api_key)
+        if merchant is None:
+            raise RuntimeError("the API key is not in the configured database (IDEMPAY_*)")
+        return await check_invariants(
+            engine, merchant_ids=[merchant], reported=result.outcomes, journals=result.journals
+        )
+    finally:
+        await engine.dispose()
+
+
+def run_simulation(
+    config: FleetConfig, *, start: bool, console: Console
+) -> tuple[FleetResult, InvariantReport]:
+    """Start a server (when ``start``) and a merchant key, run the fleet, check §8."""
+    from rich.console import Console
+
+    if not start:
+        console.print(f"server {config.base_url} · journals in {config.workdir}")
+        result = run_fleet(config, console=Console(stderr=True))
+        return result, asyncio.run(_check(config.api_key, result))
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    with start_server(config.workdir / "server.log") as url:
+        api_key = asyncio.run(_new_api_key(f"simulate-{uuid.uuid4().hex[:12]}"))
+        console.print(f"server {url} · journals in {config.workdir}")
+        config = replace(config, base_url=url, api_key=api_key)
+        result = run_fleet(config, console=Console(stderr=True))
+        return result, asyncio.run(_check(api_key, result))
+
+
+def default_workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="idempay-simulate-"))
+
+
+def describe(config: FleetConfig, result: FleetResult) -> str:
+    link = "chaos proxy" if config.via_proxy else "fault transport"
+    killed = f", {result.killed} killed and rebooted" if config.kill_clients else ""
+    return (
+        f"{config.terminals} terminals × {config.payments} payments, "
+        f"loss {config.loss:.1%} via {link}{killed}, {result.elapsed_s:.1f} s"
+    )
+
+
+def render(config: FleetConfig, result: FleetResult, report: InvariantReport) -> Table:
+    """The run as a table: outcomes, round trips, and each SPEC §8 invariant."""
+    from rich.table import Table
+
+    tally = result.tally()
+    rate = result.payments / result.elapsed_s if result.elapsed_s else 0.0
+    rows: list[tuple[str, str]] = [
+        ("payments", str(result.payments)),
+        ("approved", str(tally["approved"])),
+        ("declined", str(tally["declined"])),
+        ("aborted", str(tally["aborted"])),
+        ("rejected", str(tally["rejected"])),
+        ("retries", str(result.counts["resends"])),
+        ("lookups", str(result.counts["lookups"])),
+        ("aborts sent", str(result.counts["aborts"])),
+        ("in-doubt at end", str(report.journal_open)),
+        ("duplicates", str(report.duplicates)),
+        ("lost", str(report.lost)),
+        ("payments/s", f"{rate:.1f}"),
+        ("extra round trips/payment", f"{result.extra_round_trips:.3f}"),
+        ("faults injected", str(_injected(result.faults))),
+    ]
+    if config.kill_clients:
+        rows += [
+            ("clients killed", str(result.killed)),
+            ("settled by recover() after kill", str(result.recovered)),
+        ]
+    rows += [(f"invariant {name}", "FAIL" if n else "ok") for name, n in report.failures.items()]
+    table = Table()
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _injected(faults: Counter[str]) -> int:
+    ignore = {"requests", "passed", "connections", "tunnels", "upstream_errors"}
+    return sum(count for name, count in faults.items() if name not in ignore)
