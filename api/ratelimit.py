@@ -1,6 +1,8 @@
 """Rate limits with the ``limits`` library: a sliding-window counter (O(1) per hit) in memory,
-or in Redis when ``IDEMPAY_REDIS_URL`` is set. A Redis error lets the request through (a limit
-is protection, never a correctness mechanism).
+or in Redis when ``IDEMPAY_REDIS_URL`` is set. A limit is protection, never a correctness
+mechanism: when Redis fails, the limit falls back to this process's memory for a
+``CIRCUIT_SECONDS`` circuit (one warning per trip, not one per request, and no Redis timeout
+paid by every request while it is out), then Redis is tried again.
 
 - ``RateLimiter``: per API key, and per (API key, terminal) on creates.
 - ``AuthFailureLimiter``: failed authentications per client address (API key guessing);
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
 
 import structlog
 from limits import RateLimitItem, parse
@@ -23,12 +26,72 @@ from api.errors import ApiError
 log = structlog.get_logger("idempay.ratelimit")
 
 
+CIRCUIT_SECONDS = 1.0
+
+
 def _storage(redis_url: str | None, prefix: str) -> Storage:
     if not redis_url:
         return MemoryStorage()
     remote = storage_from_string(f"async+{redis_url}", implementation="redispy", key_prefix=prefix)
     assert isinstance(remote, Storage)
     return remote
+
+
+class _Window:
+    """A sliding-window limiter on Redis with this process's memory as the stand-in while
+    Redis is failing (a circuit of ``CIRCUIT_SECONDS``), or on memory alone."""
+
+    def __init__(self, redis_url: str | None, prefix: str, name: str) -> None:
+        self._local = SlidingWindowCounterRateLimiter(MemoryStorage())
+        self._remote = (
+            SlidingWindowCounterRateLimiter(_storage(redis_url, prefix)) if redis_url else None
+        )
+        self._name = name
+        self._open_until = 0.0
+
+    def _pick(self) -> SlidingWindowCounterRateLimiter:
+        if self._remote is not None and time.monotonic() >= self._open_until:
+            return self._remote
+        return self._local
+
+    async def hit(self, item: RateLimitItem, *identifiers: str) -> float | None:
+        """Count one hit; the window's reset time (unix s) when over the limit, else None."""
+        limiter = self._pick()
+        try:
+            if await limiter.hit(item, *identifiers):
+                return None
+            reset, _remaining = await limiter.get_window_stats(item, *identifiers)
+            return reset
+        except Exception as exc:
+            return await self._degrade(exc, self._local.hit, item, identifiers)
+
+    async def test(self, item: RateLimitItem, *identifiers: str) -> float | None:
+        """Like ``hit`` without counting: the reset time when over the limit, else None."""
+        limiter = self._pick()
+        try:
+            if await limiter.test(item, *identifiers):
+                return None
+            reset, _remaining = await limiter.get_window_stats(item, *identifiers)
+            return reset
+        except Exception as exc:
+            return await self._degrade(exc, self._local.test, item, identifiers)
+
+    async def _degrade(
+        self,
+        exc: Exception,
+        local: Callable[..., Awaitable[bool]],
+        item: RateLimitItem,
+        identifiers: tuple[str, ...],
+    ) -> float | None:
+        if self._remote is None:  # memory itself failed: let the request through
+            log.warning(f"{self._name}_failed", error=type(exc).__name__)
+            return None
+        self._open_until = time.monotonic() + CIRCUIT_SECONDS
+        log.warning(f"{self._name}_degraded", error=type(exc).__name__, fallback="memory")
+        if await local(item, *identifiers):
+            return None
+        reset, _remaining = await self._local.get_window_stats(item, *identifiers)
+        return reset
 
 
 def rate_limited(item: RateLimitItem, retry_after: int) -> ApiError:
@@ -48,7 +111,7 @@ class RateLimiter:
     def __init__(
         self, *, per_key: str, per_terminal: str, redis_url: str | None, prefix: str
     ) -> None:
-        self._limiter = SlidingWindowCounterRateLimiter(_storage(redis_url, prefix))
+        self._window = _Window(redis_url, prefix, "rate_limit")
         self._per_key: RateLimitItem = parse(per_key)
         self._per_terminal: RateLimitItem = parse(per_terminal)
 
@@ -58,15 +121,9 @@ class RateLimiter:
             await self._hit(self._per_terminal, "terminal", key_hash[:16], terminal_id)
 
     async def _hit(self, item: RateLimitItem, *identifiers: str) -> None:
-        try:
-            allowed = await self._limiter.hit(item, *identifiers)
-            if allowed:
-                return
-            reset, _remaining = await self._limiter.get_window_stats(item, *identifiers)
-        except Exception as exc:  # Redis down: degrade, never fail the payment
-            log.warning("rate_limit_degraded", error=type(exc).__name__)
-            return
-        raise rate_limited(item, _retry_after(reset))
+        reset = await self._window.hit(item, *identifiers)
+        if reset is not None:
+            raise rate_limited(item, _retry_after(reset))
 
 
 class AuthFailureLimiter:
@@ -81,21 +138,12 @@ class AuthFailureLimiter:
     """
 
     def __init__(self, *, limit: str, redis_url: str | None, prefix: str) -> None:
-        self._limiter = SlidingWindowCounterRateLimiter(_storage(redis_url, prefix))
+        self._window = _Window(redis_url, prefix, "auth_failure_limit")
         self.item: RateLimitItem = parse(limit)
 
     async def blocked(self, client: str) -> int | None:
-        try:
-            if await self._limiter.test(self.item, "authfail", client):
-                return None
-            reset, _remaining = await self._limiter.get_window_stats(self.item, "authfail", client)
-        except Exception as exc:  # Redis down: degrade to "not blocked"
-            log.warning("auth_failure_limit_degraded", error=type(exc).__name__)
-            return None
-        return _retry_after(reset)
+        reset = await self._window.test(self.item, "authfail", client)
+        return None if reset is None else _retry_after(reset)
 
     async def failed(self, client: str) -> None:
-        try:
-            await self._limiter.hit(self.item, "authfail", client)
-        except Exception as exc:
-            log.warning("auth_failure_limit_degraded", error=type(exc).__name__)
+        await self._window.hit(self.item, "authfail", client)

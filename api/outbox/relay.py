@@ -119,10 +119,12 @@ class Relay:
         session holding it dies (a storage restart drops every connection), the lock is
         gone with it, so each tick first checks that session and, if it is dead, the relay
         stops publishing and competes for the lock again."""
+        pause = interval
         while not stop():
             try:
                 async with self.engine.connect() as lock_conn:
                     await _lead(lock_conn)
+                    pause = interval
                     while not stop():
                         await _still_leading(lock_conn)
                         try:
@@ -132,9 +134,10 @@ class Relay:
                             published = 0
                         if published < self.batch:
                             await asyncio.sleep(interval)
-            except Exception as exc:  # the lock's session is gone: lead again
-                log.warning("relay_lead_lost", error=type(exc).__name__)
-                await asyncio.sleep(interval)
+            except Exception as exc:  # the lock's session is gone: lead again, backing off
+                log.warning("relay_lead_lost", error=type(exc).__name__, retry_in=pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from api.outbox.relay import consume
 from tests.api.redis.conftest import SHARED_REDIS
 from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, new_key
-from tests.support.services import ROOT
+from tests.support.services import ROOT, RedisServer
 
 
 def _relay(env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -110,5 +110,25 @@ def test_rate_limit_on_redis_is_per_api_key(
         client = redis.Redis.from_url(SHARED_REDIS)
         names = list(client.scan_iter(f"{shared_redis['IDEMPAY_REDIS_PREFIX']}rl*"))
         assert names and all(client.ttl(name) > 0 for name in names)
+    finally:
+        server.stop()
+
+
+def test_rate_limit_falls_back_to_memory_while_redis_is_down(
+    pg_backend: Backend, private_redis: RedisServer
+) -> None:
+    server = pg_backend.server(IDEMPAY_REDIS_URL=private_redis.url, IDEMPAY_RATE_LIMIT="5/second")
+    try:
+        api = Api(server.url, pg_backend.api_key("merchant-rl-fallback"))
+        private_redis.kill()
+        answers = [api.lookup(new_key()) for _ in range(15)]
+        statuses = {r.status_code for r in answers}
+        assert statuses == {404, 429}, statuses  # still limited, never a 5xx
+        for response in answers:
+            if response.status_code == 429:
+                assert_problem(response, 429, "rate_limited")
+        log = server.log_path.read_text()
+        # one warning per circuit trip (1 s), not one per request
+        assert 1 <= log.count("rate_limit_degraded") < len(answers)
     finally:
         server.stop()
