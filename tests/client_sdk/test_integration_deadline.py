@@ -2,11 +2,15 @@
 server on Postgres; the original request, held by the chaos proxy and released after the
 abort, is refused with 410 and never charged.
 
-Timeline (server: issuer takes 4 s, gives up waiting after 1.5 s; SDK: 1 s per request,
+Timeline (server: issuer takes 12 s, gives up waiting after 1.5 s; SDK: 1 s per request,
 deadline 2.5 s): the original create is held in the network → the terminal times out,
 looks up (404) and resends with the same key → the server claims it and waits on the slow
 issuer → the terminal times out again, looks up (202) → deadline → abort (409 while the
 server works, then the fence) → ``PaymentAborted``. Then the original arrives: 410.
+
+The issuer is far slower than the deadline (12 s vs 2.5 s) so that the outcome never
+depends on the machine's load: with a 4 s issuer, a loaded machine could delay the abort
+until after the issuer had answered, and the abort then (rightly) reported the approval.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from loadtest.chaos_proxy import ChaosProxy, ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
 
-ISSUER_SLOW_S = 4.0
+ISSUER_SLOW_S = 12.0
 DEADLINE_S = 2.5
 HOLD_ORIGINAL_S = 16.0
 SLOW_CARD = {"token": "tok_issuer_slow", "last4": "0002", "brand": "visa"}
