@@ -9,6 +9,7 @@ import typer
 
 from api.cli_lake import audit_command, export_command, lake
 from api.config import Settings
+from api.logs import configure_logging
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="idempay command line.")
 admin = typer.Typer(no_args_is_help=True, help="Administration.")
@@ -40,7 +41,10 @@ def serve(
         port=port,
         workers=workers,
         loop="uvloop",
-        http="httptools",
+        # httptools plus a header deadline, a header size cap and problem+json protocol
+        # errors (api/http_limits.py; docs/security.md, "Slow clients"). No limit_concurrency:
+        # its 503 would let a few slow connections turn normal requests away.
+        http="api.http_limits:SlowClientHttpToolsProtocol",
         access_log=False,
         log_level="warning",
         timeout_keep_alive=30,
@@ -149,6 +153,7 @@ def relay(
     settings = Settings()
     if not settings.redis_url:
         raise typer.BadParameter("the relay publishes to Redis: set IDEMPAY_REDIS_URL")
+    configure_logging(settings)  # JSON lines, like the API's
 
     async def run() -> None:
         engine = create_engine(settings)
@@ -180,6 +185,7 @@ def completer() -> None:
     from api.main import build_context
 
     settings = Settings()
+    configure_logging(settings)  # JSON lines, like the API's
 
     async def run() -> None:
         ctx = build_context(settings)

@@ -21,12 +21,14 @@ from api.context import AppContext
 from api.db import create_engine
 from api.errors import ApiError, problem_response
 from api.events.writer import EventWriter
+from api.http_limits import BodyDeadlineMiddleware
 from api.idempotency.cache import ResponseCache
 from api.idempotency.completer import Completer
 from api.logs import configure_logging
 from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
 from api.storage_errors import storage_unavailable
+from api.transactions.http import MAX_BODY_BYTES
 from api.transactions.issuer import SimulatedIssuer
 from api.transactions.openapi import add_component_schemas
 from api.transactions.router import router as transactions_router
@@ -167,6 +169,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Exactly-once card transactions for payment terminals on unreliable links.",
         lifespan=lifespan,
     )
+    # Outermost last: the request id is bound first, so a 408 carries X-Request-Id too.
+    app.add_middleware(BodyDeadlineMiddleware, timeout=settings.body_timeout, limit=MAX_BODY_BYTES)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(ops_router)
     app.include_router(transactions_router)

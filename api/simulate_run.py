@@ -7,12 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -20,8 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
-
+from api.serve_process import ServerProcess
 from api.simulate import FleetConfig, FleetResult, run_fleet
 
 if TYPE_CHECKING:
@@ -33,53 +27,18 @@ if TYPE_CHECKING:
 __all__ = ["default_workdir", "describe", "render", "run_simulation", "start_server"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def start_server(log_path: Path, *, timeout: float = 60.0) -> Iterator[str]:
     """``python -m api serve`` on a free loopback port (configured database); its URL."""
-    port = _free_port()
-    env = dict(os.environ)
-    env.setdefault("IDEMPAY_RATE_LIMIT", "100000/second")  # a fleet at full speed, not
-    env.setdefault("IDEMPAY_RATE_LIMIT_TERMINAL", "100000/second")  # terminals' real pace
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "api", "serve", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
+    env = {  # a fleet at full speed, not terminals' real pace (unless the caller set them)
+        name: os.environ.get(name, "100000/second")
+        for name in ("IDEMPAY_RATE_LIMIT", "IDEMPAY_RATE_LIMIT_TERMINAL")
+    }
+    server = ServerProcess(env, log_path)
     try:
-        _wait_ready(proc, url, log_path, timeout)
-        yield url
+        yield server.start(timeout=timeout).url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server not ready after {timeout:.0f}s (log: {log_path})")
+        server.stop()
 
 
 async def _new_api_key(merchant: str) -> str:

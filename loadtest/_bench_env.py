@@ -13,18 +13,15 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
+
+from api.serve_process import ServerProcess
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,77 +70,35 @@ def prepare_database(name: str) -> str:
     return asyncio.run(make_key())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """``python -m api serve --workers 1`` in its own process group, logging to a file."""
+class Server(ServerProcess):
+    """``python -m api serve`` on the bench database (one worker unless told), in its own
+    process group, logging to a file; rate limits out of reach, the bypass route mounted."""
 
     def __init__(
-        self, database: str, log_path: Path, *, redis_url: str = "", redis_prefix: str = ""
+        self,
+        database: str,
+        log_path: Path,
+        *,
+        redis_url: str = "",
+        redis_prefix: str = "",
+        workers: int = 1,
+        env: dict[str, str] | None = None,
     ) -> None:
-        self.port = _free_port()
-        self.log_path = log_path
-        self.env = {
-            **os.environ,
-            "IDEMPAY_DATABASE_URL": database_url(database),
-            "IDEMPAY_BENCH_BYPASS": "true",
-            "IDEMPAY_LOG_LEVEL": "WARNING",
-            "IDEMPAY_RATE_LIMIT": "1000000/second",
-            "IDEMPAY_RATE_LIMIT_TERMINAL": "1000000/second",
-            "IDEMPAY_REDIS_URL": redis_url,
-            "IDEMPAY_REDIS_PREFIX": redis_prefix or "idempay:",
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, *, timeout: float = 60.0) -> None:
-        command = [sys.executable, "-m", "api", "serve", "--port", str(self.port)]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [*command, "--workers", "1"],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1.0) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready after {timeout:.0f}s:\n{self.log_tail()}")
-
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        super().__init__(
+            {
+                "IDEMPAY_DATABASE_URL": database_url(database),
+                "IDEMPAY_BENCH_BYPASS": "true",
+                "IDEMPAY_LOG_LEVEL": "WARNING",
+                "IDEMPAY_RATE_LIMIT": "1000000/second",
+                "IDEMPAY_RATE_LIMIT_TERMINAL": "1000000/second",
+                "IDEMPAY_REDIS_URL": redis_url,
+                "IDEMPAY_REDIS_PREFIX": redis_prefix or "idempay:",
+                **(env or {}),
+            },
+            log_path,
+            workers=workers,
+            cwd=ROOT,
+        )
 
 
 def _proc_stats() -> list[tuple[str, int, float, str]]:

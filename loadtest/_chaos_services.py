@@ -6,8 +6,8 @@
   next start) and starts again;
 - ``PrivateRedis``: a ``redis-server`` on its own port that keeps nothing on disk, which
   the harness SIGKILLs and starts again (empty, like a Redis that lost its memory);
-- ``Api``: ``python -m api serve --workers N``; ``kill_worker()`` SIGKILLs one uvicorn
-  worker process, and uvicorn's supervisor starts a new one;
+- ``Api``: ``python -m api serve --workers N`` (``api.serve_process``); ``kill_worker()``
+  SIGKILLs one uvicorn worker process, and uvicorn's supervisor starts a new one;
 - ``Sidecar``: ``python -m api completer`` / ``python -m api relay`` as their own processes.
 
 Only loopback addresses are used.
@@ -26,21 +26,15 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+
+from api.serve_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = "127.0.0.1"
 
 __all__ = ["Api", "PrivatePostgres", "PrivateRedis", "Sidecar", "free_port", "pg_bin"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOCAL, 0))
-        return int(sock.getsockname()[1])
 
 
 def pg_bin() -> Path:
@@ -173,14 +167,6 @@ class PrivateRedis:
     stop = kill
 
 
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/readyz", timeout=1.0) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 class _Process:
     """A ``python -m api …`` process in its own session, output to a log file."""
 
@@ -217,28 +203,17 @@ class _Process:
         self.proc = None
 
 
-class Api(_Process):
-    """``idempay serve --workers N`` on a free port."""
+class Api(ServerProcess):
+    """``idempay serve --workers N`` whose workers can be killed one at a time."""
 
-    def __init__(self, env: Mapping[str, str], log: Path, *, workers: int) -> None:
-        self.port = free_port()
-        self.workers = workers
-        super().__init__(["serve", "--port", str(self.port), "--workers", str(workers)], env, log)
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOCAL}:{self.port}"
-
-    def start(self, *, timeout: float = 90.0) -> None:
-        self.spawn()
+    def start(self, *, timeout: float = 90.0) -> Api:
+        super().start(timeout=timeout)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"chaos: the API exited:\n{_tail(self.log)}")
-            if _ready(self.url) and len(self.worker_pids()) >= self.workers:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"chaos: the API was not ready after {timeout:.0f}s:\n{_tail(self.log)}")
+        while len(self.worker_pids()) < self.workers:  # ready once every worker is up
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"chaos: the API workers did not start:\n{self.log_tail()}")
+            time.sleep(0.1)
+        return self
 
     def worker_pids(self) -> list[int]:
         """uvicorn's worker processes: the supervisor's children that run ``spawn_main``

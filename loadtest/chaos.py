@@ -47,6 +47,7 @@ from pathlib import Path
 from loadtest import _chaos_report as report
 from loadtest._chaos_fleet import Probe, Tally, TerminalProcess
 from loadtest._chaos_services import (
+    ROOT,
     Api,
     PrivatePostgres,
     PrivateRedis,
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = migrate_and_keys(pg.url, [*MERCHANTS, PROBE])
         env = _env(pg, redis, root)
         (root / "logs").mkdir()
-        api = Api(env, root / "logs" / "api.log", workers=args.workers)
+        api = Api(env, root / "logs" / "api.log", workers=args.workers, cwd=ROOT)
         api.start()
         started.append(api)
         sidecars = [

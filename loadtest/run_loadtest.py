@@ -47,49 +47,9 @@ SERVER_ENV = {
 SETTLE_TIMEOUT_S = 120.0
 
 
-class Server(_bench_env.Server):
-    """The bench's server launcher with ``--workers N`` and the completer on."""
-
-    def __init__(self, database: str, log_path: Path, *, workers: int) -> None:
-        super().__init__(database, log_path)
-        self.workers = workers
-        self.env.update(SERVER_ENV)
-
-    def start(self, *, timeout: float = 60.0) -> None:
-        command = [sys.executable, "-m", "api", "serve", "--port", str(self.port)]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [*command, "--workers", str(self.workers)],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited:\n{self.log_tail()}")
-            if _ready(self.url):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready after {timeout:.0f}s:\n{self.log_tail()}")
-
-
 def _say(text: str) -> None:
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
-
-
-def _ready(url: str) -> bool:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{url}/readyz", timeout=1.0) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @dataclass(frozen=True)
@@ -242,13 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     parse_timespan(args.run_time)  # fail early on a bad --run-time
     database = _bench_env.create_database()
-    server: Server | None = None
+    server: _bench_env.Server | None = None
     proxy = None
     try:
         api_key = _bench_env.prepare_database(database)
         merchant = asyncio.run(_merchant(database, api_key))
         log_path = Path(tempfile.mkdtemp(prefix="idempay-loadtest-")) / "server.log"
-        server = Server(database, log_path, workers=args.workers)
+        server = _bench_env.Server(database, log_path, workers=args.workers, env=SERVER_ENV)
         server.start()
         proxy = ChaosProxy(
             target_host="127.0.0.1", target_port=server.port, seed=args.seed, loss=args.loss

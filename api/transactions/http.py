@@ -20,7 +20,7 @@ _TOO_LARGE = ApiError(413, "payload_too_large", "The request body is over 16 KiB
 
 async def read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise _TOO_LARGE
     chunks: list[bytes] = []
     size = 0
@@ -75,7 +75,9 @@ def decode(raw: bytes) -> TransactionCreate:
 def attempt_header(request: Request) -> int | None:
     """``Idempotency-Attempt`` is telemetry: an unusable value is recorded as unknown."""
     raw = request.headers.get("idempotency-attempt", "")
-    if raw.isdigit() and len(raw) <= 6 and int(raw) >= 1:
+    # isascii: str.isdigit() is also true for "¹²³" (latin-1 0xB9, 0xB2, 0xB3), which int()
+    # refuses; that once turned a telemetry header into a 500.
+    if raw.isascii() and raw.isdigit() and len(raw) <= 6 and int(raw) >= 1:
         return int(raw)
     return None
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
 import asyncpg
-import httpx
+
+from api.serve_process import ServerProcess, free_port
 
 PG_ADMIN = os.environ.get("IDEMPAY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,70 +43,11 @@ def drop_database(name: str) -> None:
     asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """``python -m api serve`` in a subprocess, with its own environment and log file."""
+class Server(ServerProcess):
+    """``python -m api serve`` for a test: its own environment, port and log file."""
 
     def __init__(self, env: Mapping[str, str], log_path: Path, *, workers: int = 1) -> None:
-        self.env = {**os.environ, **env}
-        self.log_path = log_path
-        self.workers = workers
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, *, timeout: float = 30.0) -> Server:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "api",
-                "serve",
-                "--port",
-                str(self.port),
-                "--workers",
-                str(self.workers),
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not become ready")
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: no shutdown hooks, no flush."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        super().__init__(env, log_path, workers=workers, cwd=ROOT)
 
 
 class RedisServer:
