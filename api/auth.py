@@ -43,9 +43,10 @@ def hash_key(api_key: str) -> str:
 
 def _digest_of(authorization: str | None) -> str | None:
     """sha256 of the bearer key, or None when the header cannot hold one."""
-    if not authorization or not authorization.startswith("Bearer "):
+    # RFC 9110 §11.1: the scheme name is case-insensitive ("bearer", "BEARER").
+    if not authorization or authorization[:7].lower() != "bearer ":
         return None
-    api_key = authorization[len("Bearer ") :].strip()
+    api_key = authorization[7:].strip()
     if not api_key or len(api_key) > 200:
         return None
     return hash_key(api_key)

@@ -26,6 +26,9 @@ TITLES: dict[str, str] = {
     "rate_limited": "Too many requests",
     "service_unavailable": "Storage unavailable; nothing was processed",
     "internal_error": "Internal error; nothing was stored under the key",
+    "request_timeout": "The request was not received in time; nothing was processed",
+    "request_headers_too_large": "Request headers too large",
+    "malformed_request": "Malformed HTTP request",
 }
 
 

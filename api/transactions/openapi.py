@@ -51,6 +51,7 @@ def _problem(description: str) -> dict[str, Any]:
 _COMMON: dict[int | str, dict[str, Any]] = {
     400: _problem("idempotency_key_missing / idempotency_key_invalid"),
     401: _problem("unauthorized"),
+    408: _problem("request_timeout: the body did not arrive in time; nothing was processed"),
     422: _problem("validation_error and friends"),
     429: _problem("rate_limited"),
     500: _problem("internal_error (never stored under the key)"),

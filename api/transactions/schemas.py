@@ -46,6 +46,17 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
+def _timestamp_text(value: Any) -> Any:
+    """A timestamp is an RFC 3339 string, as the OpenAPI document says: a number (which
+    pydantic would read as Unix seconds) is refused, not guessed at."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_timestamp_text)]
+
+
 def _integer(minimum: int, maximum: int) -> WithJsonSchema:
     return WithJsonSchema({"type": "integer", "minimum": minimum, "maximum": maximum})
 
@@ -76,8 +87,8 @@ class TransactionCreate(BaseModel):
     installments: Annotated[
         int, BeforeValidator(_whole_number), Field(ge=1, le=24), _integer(1, 24)
     ] = 1
-    captured_at: AwareDatetime | None = None
-    expires_at: AwareDatetime | None = None
+    captured_at: Timestamp | None = None
+    expires_at: Timestamp | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("metadata")

@@ -197,9 +197,18 @@ BAD_FIELDS: dict[str, list[Any]] = {
     "currency": ["brl", "BR", "BRLL", "", 986, None, "B1L"],
     "card": [None, "tok_visa", [], {}, {"token": "tok_visa"}, {**CARD, "cvv": "123"}],
     "installments": [0, 25, 1.5, "2", None, True],
-    # Not numbers: pydantic reads them as Unix times (then 410 request_expired, a 4xx).
-    "captured_at": ["yesterday", "2026-11-20T12:00:00", "2026-13-40T00:00:00Z", True, {}],
-    "expires_at": ["soon", "2026-11-20 12:00", "", []],
+    # Numbers too: a timestamp is an RFC 3339 string, never read as Unix seconds.
+    "captured_at": [
+        "yesterday",
+        "2026-11-20T12:00:00",
+        "2026-13-40T00:00:00Z",
+        True,
+        {},
+        0,
+        1_795_000_000,
+        1.5e9,
+    ],
+    "expires_at": ["soon", "2026-11-20 12:00", "", [], 0, 4_102_444_800],
     "metadata": ["x", [], 1, {"k": "v" * 5000}],
 }
 

@@ -53,8 +53,9 @@ def test_non_uuid_idempotency_key_is_400(deployment: Deployment, raw: str) -> No
 
 @pytest.mark.parametrize(
     "authorization",
-    [None, "", "Bearer", "Bearer nope", "Basic abc", "bearer idp_x", "Bearer " + "x" * 500],
-)
+    [None, "", "Bearer", "Bearer nope", "Basic abc", "bearer idp_x", "BEARER idp_y",
+     "Bearer " + "x" * 500],
+)  # fmt: skip
 def test_missing_or_unknown_api_key_is_401(
     deployment: Deployment, authorization: str | None
 ) -> None:
@@ -199,3 +200,24 @@ def test_unknown_route_and_method_are_problems(deployment: Deployment) -> None:
     with deployment.a.client() as client:
         assert_problem(client.get("/v1/nothing-here"), 404, "not_found")
         assert_problem(client.delete("/v1/transactions"), 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "BeArEr"])
+def test_the_auth_scheme_is_case_insensitive(deployment: Deployment, scheme: str) -> None:
+    """RFC 9110 §11.1: "bearer" is the same scheme as "Bearer"."""
+    key = new_key()
+    headers = {"Authorization": f"{scheme} {deployment.a.api_key}"}
+    with deployment.a.client() as client:
+        response = client.get(f"/v1/transactions/{key}", headers=headers)
+    assert_problem(response, 404, "not_found")
+
+
+@pytest.mark.parametrize("field", ["captured_at", "expires_at"])
+@pytest.mark.parametrize("value", [0, 1_795_000_000, 4_102_444_800.0])
+def test_a_numeric_timestamp_is_422_not_read_as_unix_seconds(
+    deployment: Deployment, field: str, value: float
+) -> None:
+    key = new_key()
+    response = deployment.a.create(key, body(**{field: value}))
+    assert_problem(response, 422, "validation_error")
+    _no_trace(deployment, key)
