@@ -15,15 +15,19 @@ from api.errors import ApiError
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
+_OWS = " \t"  # HTTP's optional whitespace (RFC 9110 §5.6.3); str.strip() would also eat NBSP
+
+
 def parse_key(raw: str | None) -> str:
     """The canonical (lower-case) UUID of an ``Idempotency-Key`` header.
 
     Accepts any UUID version in canonical 8-4-4-4-12 form, any case, bare or as an
     RFC 8941 quoted string (``"…"``), as the IETF draft writes it.
     """
-    if raw is None or raw.strip() == "":
+    value = None if raw is None else raw.strip(_OWS)
+    if not value:
         raise ApiError(400, "idempotency_key_missing", "Send an Idempotency-Key header (a UUID).")
-    return parse_uuid(raw.strip(), allow_quotes=True)
+    return parse_uuid(value, allow_quotes=True)
 
 
 def parse_uuid(raw: str, *, allow_quotes: bool = False) -> str:
