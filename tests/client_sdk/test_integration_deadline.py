@@ -8,9 +8,10 @@ looks up (404) and resends with the same key → the server claims it and waits 
 issuer → the terminal times out again, looks up (202) → deadline → abort (409 while the
 server works, then the fence) → ``PaymentAborted``. Then the original arrives: 410.
 
-The issuer is far slower than the deadline (12 s vs 2.5 s) so that the outcome never
-depends on the machine's load: with a 4 s issuer, a loaded machine could delay the abort
-until after the issuer had answered, and the abort then (rightly) reported the approval.
+The server has a database of its own, and its issuer is far slower than the deadline
+(12 s vs 2.5 s): the test once failed because another module's server, sharing the session
+database, re-drove this key from its completer with a 0.8 s issuer and approved it before
+the abort — right for that server, wrong for this test's premise.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ HOLD_ORIGINAL_S = 16.0
 SLOW_CARD = {"token": "tok_issuer_slow", "last4": "0002", "brand": "visa"}
 
 
-@pytest.fixture(scope="module")
-def slow_issuer_server(pg_backend: Backend) -> Iterator[Server]:
-    server = pg_backend.server(IDEMPAY_ISSUER_SLOW_SECONDS=str(ISSUER_SLOW_S))
+@pytest.fixture
+def slow_issuer_server(private_pg_backend: Backend) -> Iterator[Server]:
+    # A database of its own: another module's server (issuer 0.8 s) once re-drove this
+    # key from its completer and approved it before the abort.
+    server = private_pg_backend.server(IDEMPAY_ISSUER_SLOW_SECONDS=str(ISSUER_SLOW_S))
     yield server
     server.stop()
 
@@ -53,8 +56,9 @@ def proxy(slow_issuer_server: Server) -> Iterator[ProxyThread]:
 
 
 def test_a_deadline_shorter_than_the_issuer_aborts_and_the_late_original_is_refused(
-    pg_backend: Backend, proxy: ProxyThread, tmp_path: Path
+    private_pg_backend: Backend, proxy: ProxyThread, tmp_path: Path
 ) -> None:
+    pg_backend = private_pg_backend
     merchant = Merchant.create(pg_backend, f"deadline-{uuid.uuid4().hex[:8]}")
     proxy.hold_next(seconds=HOLD_ORIGINAL_S, match="POST /v1/transactions ")
     journal = tmp_path / "pos.db"

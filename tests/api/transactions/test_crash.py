@@ -33,7 +33,10 @@ def _fire_and_forget(api: Api, key: str) -> None:
         api.create(key, SLOW)
 
 
-def test_sigkill_between_phases_then_retries_charge_exactly_once(backend: Backend) -> None:
+def test_sigkill_between_phases_then_retries_charge_exactly_once(
+    private_backend: Backend,
+) -> None:
+    backend = private_backend  # no other server's completer may recover these keys first
     server = backend.server(**CRASH_ENV)
     api = Api(server.url, backend.api_key(f"merchant-crash-{backend.name}"))
     keys = [new_key() for _ in range(12)]
