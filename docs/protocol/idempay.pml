@@ -24,7 +24,7 @@
  *   e  a stale worker (its lease token taken over) never commits
  *   f  the issuer agrees with the ledger: no approved transaction on a voided
  *      authorization, no aborted key on a live authorization (this model found f broken
- *      in the code before 821217e; README.md, "Finding")
+ *      in the code before 821217e; README.md, "Differences between model and code")
  *
  * Mutants, one flag each, so that the model and its mutants never drift apart:
  *   -DMUTANT_NO_LEASE_TOKEN     the final write is guarded by the state, not the lease token
@@ -51,11 +51,20 @@
 #ifndef ISSUER_FAULTS
 #define ISSUER_FAULTS 1   /* issuer calls that time out (recorded by the issuer or not) */
 #endif
+/* The budgets above are the defaults; the environment variables PML_NET_FAULTS,
+   PML_CRASHES, PML_T_CRASHES, PML_PAUSES and PML_ISSUER_FAULTS override them when pan
+   starts (configure(), below), so that one compiled pan serves every bound
+   (scripts/verify.sh). spin's simulator does not run that C code: replay a trail with the
+   -D values it was found with, and no environment.
+   -DISSUER_DOWN: tok_issuer_down, the issuer never answers (and the slow path only). */
 #define NQ     2          /* requests on the wire */
 #define NEP    4          /* connection ids the terminal cycles through */
 #define MAXTOK 16         /* lease tokens: asserted, never reached */
 #define DEADLINE_TOK 5    /* by the 5th take-over, deadline_at has surely passed: each
                              re-drive costs at least IDEMPAY_ISSUER_TIMEOUT */
+
+/* -DNO_EXPIRY: no create is ever too late (the SDK's send_expires_at=False, captured_at
+   recent): a subset of the runs, used to aim MUTANT_CHECK_THEN_INSERT at abort's fence */
 
 /* ======================================================================== values */
 /* idempotency_key.state; NOKEY: no row */
@@ -157,6 +166,34 @@ bool crash[3];            /* set by Chaos: that actor dies before its next step 
 bool busy[3];             /* the actor is handling a request (or, the completer, a key) */
 bool t_crash;
 
+c_decl {
+  /* a fault budget from the environment (see "bounds"), or the compiled default */
+  int pml_budget(const char *name, int dflt) {
+    const char *v = getenv(name);
+    char *end;
+    long n;
+    if (v == NULL || *v == '\0') return dflt;
+    n = strtol(v, &end, 10);
+    if (*end != '\0' || n < 0 || n > 9) {
+      fprintf(stderr, "idempay.pml: bad %s=%s (0..9)\n", name, v);
+      exit(2);
+    }
+    return (int) n;
+  }
+}
+
+/* Read the bounds from the environment: the terminal's first step, before any fault can
+   be injected (every fault needs a request, a claim or a journal entry first). */
+inline configure() {
+  c_code {
+    now.net_faults = pml_budget("PML_NET_FAULTS", now.net_faults);
+    now.crashes = pml_budget("PML_CRASHES", now.crashes);
+    now.t_crashes = pml_budget("PML_T_CRASHES", now.t_crashes);
+    now.pauses = pml_budget("PML_PAUSES", now.pauses);
+    now.iss_faults = pml_budget("PML_ISSUER_FAULTS", now.iss_faults);
+  }
+}
+
 /* ======================================================================== the issuer */
 /* SimulatedIssuer._record: INSERT … ON CONFLICT DO NOTHING under the issuer key, else the
    recorded answer -- a voided record answers result != "approved", i.e. declined */
@@ -254,7 +291,13 @@ inline create_request() {
     if
     :: k_state == NOKEY ->           /* store.get found no row */
          if
-         :: t_deadline ->            /* _too_late: expires_at (= the SDK's deadline) */
+#ifndef NO_EXPIRY
+         :: true ->
+              /* _too_late(body, key, now): now >= expires_at, or captured_at / the UUIDv7
+                 key older than the tombstone window. The server's clock is not the
+                 terminal's (expires_at comes from the SDK's clock), so the model lets any
+                 create that finds no row be too late, whatever t_deadline says; runs where
+                 it never is (send_expires_at=False) are a subset (README.md, "Abstractions") */
 #ifdef MUTANT_CHECK_THEN_INSERT
               nxt = N_FENCE          /* the blind insert comes in a later statement */
 #else
@@ -262,14 +305,15 @@ inline create_request() {
                  INSERT … ON CONFLICT DO NOTHING */
               k_state = EXPD; code = R_FENCED; respond()
 #endif
-         :: inline_path ->
+#endif
+         :: inline_path ->            /* not too late; issuer.answers_inline(token) */
               /* _process_inline: issuer.authorize(conn=) enlisted,
                  store.insert_completed, repository.insert_transaction, outbox:
                  one COMMIT (a lost insert race rolls all of it back) */
               issuer_record(IKEY(1), ans);
               k_state = DONE; k_tok = 1; t_count++; t_status = ans;
               code = ans; respond()
-         :: !inline_path ->
+         :: !inline_path ->           /* not too late; a slow issuer */
               /* _claim → store.claim: INSERT (state = 'processing', lease_token = 1,
                  lease_until, deadline_at) ON CONFLICT DO NOTHING; COMMIT */
               k_state = PROC; k_tok = 1; k_live = 1; tok = 1;
@@ -374,8 +418,9 @@ drive:
          :: true                          /* tok_issuer_down: never answers, never records */
 #else
          :: issuer_record(IKEY(tok), ans); nxt = N_DRIVE
-         :: iss_faults > 0 -> iss_faults--; issuer_record(IKEY(tok), ans); ans = ST_NONE
-         :: iss_faults > 0 -> iss_faults--
+         :: iss_faults > 0 ->             /* recorded, then no answer in time */
+              iss_faults--; issuer_record(IKEY(tok), ans); ans = ST_NONE
+         :: iss_faults > 0 -> iss_faults--   /* the call never reached the issuer */
 #endif
          fi
        }
@@ -515,10 +560,9 @@ active proctype Terminal()
   bool maybe_sent, free_pass, sent, booted, finished;
 
   atomic {
-#if defined(ONLY_SLOW)
-    inline_path = 0;
-#elif defined(ONLY_INLINE)
-    inline_path = 1;
+    configure();
+#ifdef ISSUER_DOWN
+    inline_path = 0;                      /* tok_issuer_down is a slow-path token */
 #else
     if                                    /* the card token decides the issuer path */
     :: inline_path = 1
@@ -700,14 +744,36 @@ active proctype Time()
 #define SETTLED ((j_state == J_RESOLVED || j_state == J_ABORTED) && k_state != PROC)
 
 /* The safety properties as one monitor: it blocks until an invariant breaks, then the
-   failing assertion names it. One search checks them all (scripts/verify.sh). */
+   failing assertion names it. One search checks them all (scripts/verify.sh). A mutant run
+   checks only the property its bug is meant to break: -DCHK_A=0 etc. switch the others off,
+   so that its counterexample is a violation of that property and of no other. */
+#ifndef CHK_A
+#define CHK_A 1
+#endif
+#ifndef CHK_B
+#define CHK_B 1
+#endif
+#ifndef CHK_C
+#define CHK_C 1
+#endif
+#ifndef CHK_E
+#define CHK_E 1
+#endif
+#ifndef CHK_F
+#define CHK_F 1
+#endif
+#define Q_A (!CHK_A || P_A)
+#define Q_B (!CHK_B || P_B)
+#define Q_C (!CHK_C || P_C)
+#define Q_E (!CHK_E || P_E)
+#define Q_F (!CHK_F || P_F)
 #ifdef MONITOR
 active proctype Monitor()
 {
 end_monitor:
   atomic {
-    !(P_A && P_B && P_C && P_E && P_F) ->
-    assert(P_A); assert(P_B); assert(P_C); assert(P_E); assert(P_F)
+    !(Q_A && Q_B && Q_C && Q_E && Q_F) ->
+    assert(Q_A); assert(Q_B); assert(Q_C); assert(Q_E); assert(Q_F)
   }
 }
 #endif

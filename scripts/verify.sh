@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+# Model-check the payment protocol: docs/protocol/idempay.pml (what it models, its bounds and
+# its correspondence to the code: docs/protocol/README.md).
+#
+# Every property must hold within its bounds (a full state-space search: 0 errors, search
+# complete), and every mutant of the model must yield a counterexample trail, replayed by
+# spin, for the property its bug breaks (M6 is the code as it was before 821217e: the bug
+# this model found). Prints one summary table; exits non-zero on any unexpected result.
+#
+#   scripts/verify.sh                        everything (~2 min on an idle 2-core machine)
+#   VERIFY_ONLY="S1 M2" scripts/verify.sh    a subset, by check id
+#   VERIFY_KEEP=1 scripts/verify.sh          keep the work dir (pan output, trails, replays)
+#   VERIFY_JOBS=N                            parallel searches (default: cores, at most 4)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MODEL="$ROOT/docs/protocol/idempay.pml"
+CORES="$(nproc 2>/dev/null || echo 2)"
+JOBS="${VERIFY_JOBS:-$(( CORES < 4 ? CORES : 4 ))}"
+ONLY="${VERIFY_ONLY:-}"
+
+# ---------------------------------------------------------------- tools
+ensure_spin() {
+  command -v spin >/dev/null 2>&1 && return
+  echo "verify: spin not found; installing it with apt-get" >&2
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "verify: no apt-get here; install SPIN (https://spinroot.com) and retry" >&2
+    exit 2
+  fi
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get install -y -qq spin >/dev/null 2>&1 \
+    || { $sudo apt-get update -qq >/dev/null 2>&1 && $sudo apt-get install -y -qq spin >/dev/null; }
+  command -v spin >/dev/null 2>&1 || { echo "verify: could not install spin" >&2; exit 2; }
+}
+ensure_spin
+command -v gcc >/dev/null 2>&1 || { echo "verify: gcc is required" >&2; exit 2; }
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/idempay-verify.XXXXXX")"
+cleanup() {
+  local pids
+  pids="$(jobs -pr)"
+  [ -z "$pids" ] || kill $pids 2>/dev/null || true
+  if [ "${VERIFY_KEEP:-0}" = "1" ]; then
+    echo "verify: work dir kept at $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------- builds
+# The fault budgets are read from the environment when pan starts (PML_*, configure() in the
+# model), so one compiled pan serves every bound of a kind of search; compiling pan.c costs
+# more than most searches. Mutants are compiled with their bounds as -D values instead, the
+# defaults that a `spin -t` replay of their trail (which runs no C code) also uses.
+b() {  # b NET CRASH T_CRASH PAUSE ISSUER: the bounds as -D defaults
+  echo "-DNET_FAULTS=$1 -DCRASHES=$2 -DT_CRASHES=$3 -DPAUSES=$4 -DISSUER_FAULTS=$5"
+}
+ZERO="$(b 0 0 0 0 0)"   # shared builds: no faults unless the environment grants them
+SAFE_CC="-O2 -DSAFETY -DNOCLAIM -DMEMLIM=8192"   # assertions + invalid end states
+FAST_CC="-O0 -DSAFETY -DNOCLAIM -DMEMLIM=8192"   # mutants: counterexamples come early
+LIVE_CC="-O2 -DNFAIR=3 -DMEMLIM=8192"            # acceptance cycles, weak fairness
+only() {  # only P: the monitor asserts property P and no other (a mutant's target)
+  local p out=""
+  for p in A B C E F; do
+    [ "$p" = "${1^^}" ] || out="$out -DCHK_$p=0"
+  done
+  echo "$out"
+}
+MUT="$(b 1 1 0 1 1)"   # the safety mutants' bounds (= S3's)
+
+# build | spin -D | cc flags
+BUILDS=(
+  "safe|-DMONITOR $ZERO|$SAFE_CC"
+  "safe-down|-DMONITOR -DISSUER_DOWN $ZERO|$SAFE_CC"
+  "live|-DFAIR $ZERO|$LIVE_CC"
+  "live-down|-DFAIR -DISSUER_DOWN $ZERO|$LIVE_CC"
+  "m1|-DMONITOR $(only e) -DMUTANT_NO_LEASE_TOKEN $MUT|$FAST_CC"
+  "m2|-DMONITOR $(only c) -DMUTANT_404_GIVES_UP $MUT|$FAST_CC"
+  "m3|-DMONITOR $(only b) -DMUTANT_CHECK_THEN_INSERT -DNO_EXPIRY $(b 2 0 0 1 1)|$FAST_CC"
+  "m7|-DMONITOR $(only b) -DMUTANT_CHECK_THEN_INSERT $MUT|$FAST_CC"
+  "m4|-DMONITOR $(only a) -DMUTANT_FRESH_ISSUER_KEY $MUT|$FAST_CC"
+  "m5|-DFAIR -DMUTANT_NO_RECOVER $(b 1 0 1 0 0)|-O0 -DNFAIR=3 -DMEMLIM=8192"
+  "m6|-DMONITOR $(only f) -DMUTANT_VOID_BEFORE_FENCE $MUT|$FAST_CC"
+)
+
+# ---------------------------------------------------------------- the checks
+# Bounds (docs/protocol/README.md, "Bounds"): how many faults of each kind the world may
+# inject in one run, "NET CRASH T_CRASH PAUSE ISSUER" -- network (drop, duplicate, reorder,
+# early timeout, connect error), server crash, terminal crash, lease-holder stall, issuer
+# timeout. "-": the build's own -D bounds.
+SAFE="a b c e f"
+SAFE_PAN="-m20000 -w25"
+LIVE_PAN="-m20000 -a -f -N d"
+# id | property | variant | bounds (label) | expect | build | bounds | pan flags
+CHECKS=(
+  "S1|$SAFE|as is|all x1 but network|holds|safe|0 1 1 1 1|$SAFE_PAN"
+  "S2|$SAFE|as is|all x1 but server crash|holds|safe|1 0 1 1 1|$SAFE_PAN"
+  "S3|$SAFE|as is|all x1 but terminal crash|holds|safe|1 1 0 1 1|$SAFE_PAN"
+  "S4|$SAFE|as is|all x1 but stall|holds|safe|1 1 1 0 1|$SAFE_PAN"
+  "S5|$SAFE|as is|all x1 but issuer timeout|holds|safe|1 1 1 1 0|-m20000 -w26"
+  "S6|$SAFE|as is|net x2, stall, issuer timeout|holds|safe|2 0 0 1 1|$SAFE_PAN"
+  "S7|$SAFE|ISSUER_DOWN|net, crash, stall|holds|safe-down|1 1 0 1 0|$SAFE_PAN"
+  "L1|d|as is|net, terminal crash|holds|live|1 0 1 0 0|$LIVE_PAN"
+  "L2|d|as is|net, server crash|holds|live|1 1 0 0 0|$LIVE_PAN"
+  "L3|d|as is|net, stall|holds|live|1 0 0 1 0|$LIVE_PAN"
+  "L4|d|as is|net, issuer timeout|holds|live|1 0 0 0 1|$LIVE_PAN"
+  "L5|d|as is|server crash, terminal crash|holds|live|0 1 1 0 0|$LIVE_PAN"
+  "L6|d|as is|crash, stall, issuer timeout|holds|live|0 1 0 1 1|$LIVE_PAN"
+  "L7|d|as is|terminal crash, stall, issuer t/o|holds|live|0 0 1 1 1|$LIVE_PAN"
+  "L8|d|ISSUER_DOWN|crash, stall|holds|live-down|0 1 0 1 0|$LIVE_PAN"
+  "M1|e|MUTANT_NO_LEASE_TOKEN|= S3|counterexample:e|m1|-|-m20000 -w25"
+  "M2|c|MUTANT_404_GIVES_UP|= S3|counterexample:c|m2|-|-m20000 -w25"
+  "M3|b|MUTANT_CHECK_THEN_INSERT|= S6; abort (no expiry)|counterexample:b|m3|-|-m20000 -w25"
+  "M4|a|MUTANT_FRESH_ISSUER_KEY|= S3|counterexample:a|m4|-|-m20000 -w25"
+  "M5|d|MUTANT_NO_RECOVER|= L1|counterexample:d|m5|-|$LIVE_PAN"
+  "M6|f|MUTANT_VOID_BEFORE_FENCE|= S3|counterexample:f|m6|-|-m20000 -w25"
+  "M7|b|MUTANT_CHECK_THEN_INSERT|= S3; expiry|counterexample:b|m7|-|-m20000 -w25"
+)
+
+# Which property pan's first error report states (the macros P_A … P_F, as pan prints them).
+property_of() {
+  case "$1" in
+    "") echo none ;;
+    *"acceptance cycle"*) echo d ;;
+    *"invalid end state"*) echo deadlock ;;
+    *"assertion violated"*"i_auths<=1"*) echo a ;;
+    *"assertion violated"*"stale_commits==0"*) echo e ;;
+    *"assertion violated"*"i_state[0]"*) echo f ;;
+    *"assertion violated"*"reported"*) echo c ;;
+    *"assertion violated"*"t_count>0"*"k_state==3"*) echo b ;;
+    *) echo "model-assert" ;;
+  esac
+}
+
+field_of() {  # field_of N "a|b|c": the Nth field (1-based) of a table row
+  local IFS='|' parts
+  read -r -a parts <<<"$2"
+  echo "${parts[$(( $1 - 1 ))]}"
+}
+build_spec() {
+  local spec
+  for spec in "${BUILDS[@]}"; do
+    [ "${spec%%|*}" = "$1" ] && { echo "$spec"; return; }
+  done
+}
+check_spec() {
+  local spec
+  for spec in "${CHECKS[@]}"; do
+    [ "${spec%%|*}" = "$1" ] && { echo "$spec"; return; }
+  done
+}
+selected() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+
+build() {  # build NAME: spin -a and gcc into $WORK/build-NAME; writes its status file
+  local name="$1" spec dir
+  spec="$(build_spec "$name")"
+  dir="$WORK/build-$name"
+  mkdir -p "$dir"
+  cp "$MODEL" "$dir/idempay.pml"
+  (
+    cd "$dir"
+    # shellcheck disable=SC2086
+    if ! spin $(field_of 2 "$spec") -a idempay.pml >spin.out 2>&1; then
+      echo spin-error >status; exit 0
+    fi
+    # shellcheck disable=SC2086
+    if ! gcc $(field_of 3 "$spec") -w -o pan pan.c >gcc.out 2>&1; then
+      echo gcc-error >status; exit 0
+    fi
+    echo ok >status
+  )
+}
+
+run_check() {  # run_check ID BUILD BOUNDS PAN_FLAGS
+  local id="$1" name="$2" bounds="$3" pan_flags="$4"
+  local dir="$WORK/$id" res="$WORK/$id/result" bdir="$WORK/build-$name"
+  mkdir -p "$dir"
+  (
+    cd "$dir"
+    if [ "$(cat "$bdir/status" 2>/dev/null)" != "ok" ]; then
+      echo "status=$(cat "$bdir/status" 2>/dev/null || echo build-missing)" >"$res"; exit 0
+    fi
+    cp "$bdir/idempay.pml" .
+    local envs=()
+    if [ "$bounds" != "-" ]; then
+      local n c t p i
+      read -r n c t p i <<<"$bounds"
+      envs=(PML_NET_FAULTS="$n" PML_CRASHES="$c" PML_T_CRASHES="$t" PML_PAUSES="$p"
+            PML_ISSUER_FAULTS="$i")
+    fi
+    local start end
+    start="$(date +%s.%N)"
+    # shellcheck disable=SC2086
+    env "${envs[@]}" "$bdir/pan" $pan_flags >pan.out 2>&1 || true
+    end="$(date +%s.%N)"
+    local errors states depth elapsed complete violation replay
+    errors="$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' pan.out | tail -n1)"
+    states="$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' pan.out | tail -n1)"
+    depth="$(sed -n 's/.*depth reached \([0-9]*\),.*/\1/p' pan.out | tail -n1)"
+    elapsed="$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')"
+    complete=yes
+    if grep -q -e "Search not completed" -e "max search depth too small" \
+         -e "reached -DMEMLIM bound" -e "out of memory" pan.out; then
+      complete=no
+    fi
+    if ! grep -q "^Full statespace search" pan.out || [ -z "$errors" ]; then
+      complete=no                  # bitstate/hash-compact, or pan did not finish
+    fi
+    # pan's error reports look like "pan:1: assertion violated …" (the header's
+    # "invalid end states +" line is not one)
+    violation="$(grep -m1 -E '^pan:[0-9]+: ' pan.out || true)"
+    # a counterexample must replay: spin follows the trail to the violation
+    replay=no
+    if [ -f idempay.pml.trail ]; then
+      # shellcheck disable=SC2086
+      spin $(field_of 2 "$(build_spec "$name")") -t idempay.pml >replay.out 2>&1 || true
+      if grep -q -e "assertion violated" -e "START OF CYCLE" replay.out; then
+        replay=yes
+      fi
+    fi
+    {
+      echo "status=ran"
+      echo "errors=${errors:-?}"
+      echo "states=${states:-?}"
+      echo "depth=${depth:-?}"
+      echo "elapsed=${elapsed}"
+      echo "complete=${complete}"
+      echo "trail=$replay"
+      echo "violated=$(property_of "$violation")"
+    } >"$res"
+  )
+}
+
+# Builds first (the shared ones are the slow ones), then the longest searches first, so
+# that the parallel slots stay busy to the end.
+BUILD_ORDER=(safe live safe-down live-down m1 m2 m3 m4 m5 m6 m7)
+LAUNCH_ORDER=(S5 L7 S2 S4 S6 S3 S1 S7 L6 L2 L3 L8 L4 L5 L1 M1 M2 M3 M4 M5 M6 M7)
+t0="$(date +%s)"
+needed=" "
+for id in "${LAUNCH_ORDER[@]}"; do
+  selected "$id" && needed+="$(field_of 6 "$(check_spec "$id")") "
+done
+for name in "${BUILD_ORDER[@]}"; do
+  [[ "$needed" == *" $name "* ]] || continue
+  while [ "$(jobs -pr | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  build "$name" &
+done
+wait || true
+for id in "${LAUNCH_ORDER[@]}"; do
+  selected "$id" || continue
+  spec="$(check_spec "$id")"
+  while [ "$(jobs -pr | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  run_check "$id" "$(field_of 6 "$spec")" "$(field_of 7 "$spec")" "$(field_of 8 "$spec")" &
+done
+wait || true
+t1="$(date +%s)"
+
+# ---------------------------------------------------------------- the summary
+field() { sed -n "s/^$1=//p" "$2" 2>/dev/null | head -n1; }
+
+printf '\nSPIN model check of docs/protocol/idempay.pml (%s; %s parallel jobs, %ss)\n\n' \
+  "$(spin -V 2>/dev/null | head -n1)" "$JOBS" "$(( t1 - t0 ))"
+fmt='%-3s %-10s %-25s %-34s %-17s %-17s %10s %6s %7s %-8s %s\n'
+# shellcheck disable=SC2059
+printf "$fmt" id property variant bounds expected outcome states depth time complete verdict
+printf '%s\n' "$(printf '%.0s-' {1..150})"
+failures=0
+for spec in "${CHECKS[@]}"; do
+  IFS='|' read -r id prop variant bounds expect _build _bounds _pan <<<"$spec"
+  selected "$id" || continue
+  res="$WORK/$id/result"
+  status="$(field status "$res")"
+  errors="$(field errors "$res")"
+  complete="$(field complete "$res")"
+  violated="$(field violated "$res")"
+  outcome="?"
+  verdict="UNEXPECTED"
+  if [ "$status" != "ran" ]; then
+    outcome="${status:-not run}"
+  elif [ "$expect" = "holds" ]; then
+    if [ "$errors" = "0" ] && [ "$complete" = "yes" ]; then
+      outcome="holds"; verdict="ok"
+    elif [ "$errors" = "0" ]; then
+      outcome="incomplete"
+    else
+      outcome="violated:$violated"
+    fi
+  else
+    wanted="${expect#counterexample:}"
+    if [ "$errors" != "0" ] && [ "$errors" != "?" ] && [ "$(field trail "$res")" = "yes" ]; then
+      outcome="counterexample:$violated"
+      if [ "$violated" = "$wanted" ]; then verdict="ok"; fi
+    else
+      outcome="no counterexample"
+    fi
+  fi
+  [ "$verdict" = "ok" ] || failures=$(( failures + 1 ))
+  # shellcheck disable=SC2059
+  printf "$fmt" "$id" "$prop" "$variant" "$bounds" "$expect" "$outcome" \
+    "$(field states "$res")" "$(field depth "$res")" "$(field elapsed "$res")s" \
+    "$( [ "$expect" = "holds" ] && echo "${complete:--}" || echo "-" )" "$verdict"
+done
+cat <<'LEGEND'
+
+a: the issuer authorizes the key at most once      b: never both a transaction and a tombstone
+c: what the terminal reports matches the ledger    d: the journal entry ends definitive and the key
+e: a stale worker (lease lost) never commits          leaves processing (weak fairness)
+f: the issuer agrees with the ledger (broken before 821217e; M6 keeps that code as a mutant)
+Safety searches (S*, M1-M4, M6, M7) also fail on a deadlock (invalid end state) and on the
+model's own assertions. time: the search alone (pan); the total includes compiling pan.
+
+LEGEND
+if [ "$failures" -ne 0 ]; then
+  echo "verify: $failures unexpected result(s)" >&2
+  if [ "${VERIFY_KEEP:-0}" != "1" ]; then
+    echo "verify: rerun with VERIFY_KEEP=1 to keep pan's output and the trails" >&2
+  fi
+  exit 1
+fi
+echo "verify: all properties hold within their bounds; every mutant has a counterexample"
