@@ -10,6 +10,9 @@ from alembic.config import Config
 from api.config import Settings
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+# Postgres advisory lock held (per transaction) while migrations run: replicas that start
+# together (each `idempay serve` migrates) take turns; the later ones find the schema at head.
+MIGRATION_LOCK = 0x1DE4_3160
 
 
 def alembic_config(settings: Settings) -> Config:

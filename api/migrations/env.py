@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from api import models  # noqa: F401  (registers the tables)
 from api.db import Base
+from api.migrate import MIGRATION_LOCK
 
 config = context.config
 target_metadata = Base.metadata
@@ -23,6 +25,10 @@ def _run(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Several replicas run `idempay serve` (which migrates) at once: one migrates,
+            # the others wait here, then find the schema at head. Released at commit.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK})
         context.run_migrations()
 
 
