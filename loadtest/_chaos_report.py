@@ -310,4 +310,21 @@ def markdown(result: Result) -> str:
             f"| {balance.merchant_id} | {balance.currency} | {balance.ledger} | "
             f"{balance.expected} |"
         )
+    lines += ["", *FINDINGS]
     return "\n".join(lines) + "\n"
+
+
+FINDINGS = [
+    "## What the chaos runs found (fixed, each with a regression test)",
+    "",
+    "- A terminal whose clock ran 120 s behind had every payment refused as `expired`: the",
+    "  SDK set `expires_at` on the device clock. It now sets it on the server's clock,",
+    "  estimated from the `Date` header (`tests/client_sdk/test_integration_clock_skew.py`).",
+    "- After a PostgreSQL restart the relay kept publishing without its leadership lock (the",
+    "  session holding it had died), so a standby relay could lead at the same time. It now",
+    "  checks its lock session before each batch and leads again",
+    "  (`tests/api/redis/test_relay_leadership.py`).",
+    "- While Redis was down every request paid a Redis attempt for the rate limit, logged a",
+    "  warning, and went unlimited. Limits now fall back to process memory behind a one-second",
+    "  circuit (`tests/api/redis/test_outbox_and_limits.py`).",
+]
