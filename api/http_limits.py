@@ -163,6 +163,11 @@ class SlowClientHttpToolsProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self._refused or self.transport.is_closing():
             return
+        if self._awaiting_headers and self._header_timer is None:
+            # Headers still incomplete after this chunk: start their deadline now. (Armed
+            # here rather than at the request's first byte, so the usual request, whose
+            # headers arrive in one chunk, never creates a timer at all.)
+            self._arm_header_timer()
         if counting and self._awaiting_headers and seq == self._request_seq:
             # The whole chunk belongs to this request's (still incomplete) headers.
             self._header_bytes += len(data)
@@ -179,8 +184,6 @@ class SlowClientHttpToolsProtocol(HttpToolsProtocol):
         self._awaiting_headers = True
         self._request_seq += 1
         self._header_bytes = 0
-        if self._header_timer is None:
-            self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
