@@ -16,8 +16,10 @@ import hmac
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 
@@ -144,3 +146,61 @@ async def create_api_key(engine: AsyncEngine, merchant: str) -> str:
             )
         )
     return api_key
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """What may be shown about an API key: never the key, only its first 8 characters."""
+
+    id: str
+    merchant: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+async def list_api_keys(engine: AsyncEngine, merchant: str | None = None) -> list[KeyInfo]:
+    query = (
+        select(ApiKey.id, Merchant.name, ApiKey.prefix, ApiKey.created_at, ApiKey.revoked_at)
+        .join(Merchant, Merchant.id == ApiKey.merchant_id)
+        .order_by(Merchant.name, ApiKey.created_at)
+    )
+    if merchant is not None:
+        query = query.where(Merchant.name == merchant)
+    async with engine.connect() as conn:
+        return [KeyInfo(*row) for row in (await conn.execute(query)).all()]
+
+
+async def revoke_api_key(
+    engine: AsyncEngine, *, prefix: str, merchant: str | None = None
+) -> list[KeyInfo]:
+    """Revoke the one active key named by ``prefix``: its key id, its first 8 characters, or
+    the whole key (then checked against the stored hash) — of ``merchant``, if given. Several
+    matches revoke nothing: the caller must be more specific. Returns the active keys that
+    matched (revoked when there was exactly one). An already revoked key matches nothing."""
+    whole = hash_key(prefix) if len(prefix) > 8 else None
+    query = (
+        select(ApiKey.id, ApiKey.key_hash)
+        .join(Merchant, Merchant.id == ApiKey.merchant_id)
+        .where(ApiKey.revoked_at.is_(None))
+    )
+    if merchant is not None:
+        query = query.where(Merchant.name == merchant)
+    async with engine.connect() as conn:
+        hashes = dict((await conn.execute(query)).all())
+    keys = {key.id: key for key in await list_api_keys(engine, merchant)}
+    matches = [
+        keys[key_id]
+        for key_id, key_hash in hashes.items()
+        if key_id == prefix
+        or (whole is None and keys[key_id].prefix == prefix)
+        or (whole is not None and hmac.compare_digest(key_hash, whole))
+    ]
+    if len(matches) == 1:
+        async with atomic(engine) as conn:
+            await conn.execute(
+                update(ApiKey)
+                .where(ApiKey.id == matches[0].id, ApiKey.revoked_at.is_(None))
+                .values(revoked_at=utcnow())
+            )
+    return matches

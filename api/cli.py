@@ -86,6 +86,64 @@ def create_key(
     typer.echo(api_key)
 
 
+@admin.command("list-keys")
+def list_keys(
+    merchant: Annotated[str | None, typer.Option(help="Only this merchant's keys.")] = None,
+) -> None:
+    """List API keys: merchant, key id, first 8 characters, created, revoked (never the key)."""
+    from api.auth import list_api_keys
+    from api.db import create_engine
+
+    async def run() -> None:
+        engine = create_engine(Settings())
+        try:
+            for key in await list_api_keys(engine, merchant):
+                revoked = key.revoked_at.isoformat() if key.revoked_at else "active"
+                typer.echo(
+                    f"{key.merchant}\t{key.id}\t{key.prefix}…\t"
+                    f"{key.created_at.isoformat()}\t{revoked}"
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(run())
+
+
+@admin.command("revoke-key")
+def revoke_key(
+    prefix: Annotated[
+        str, typer.Option(help="The key id, the key's first 8 characters, or the whole key.")
+    ],
+    merchant: Annotated[str | None, typer.Option(help="The key's merchant.")] = None,
+) -> None:
+    """Revoke one API key; it stops working within a minute (per-process auth cache)."""
+    from api.auth import revoke_api_key
+    from api.db import create_engine
+
+    if len(prefix) < 8:
+        raise typer.BadParameter("give the key id, the first 8 characters, or the whole key")
+
+    async def run() -> int:
+        engine = create_engine(Settings())
+        try:
+            matches = await revoke_api_key(engine, prefix=prefix, merchant=merchant)
+        finally:
+            await engine.dispose()
+        if not matches:
+            typer.echo("no active key matches; nothing revoked", err=True)
+            return 1
+        if len(matches) > 1:
+            typer.echo("several active keys match; nothing revoked. Give --merchant or the key id:",
+                       err=True)  # fmt: skip
+            for key in matches:
+                typer.echo(f"  {key.merchant}\t{key.id}\t{key.prefix}…", err=True)
+            return 1
+        typer.echo(f"revoked {matches[0].id} ({matches[0].merchant}, {matches[0].prefix}…)")
+        return 0
+
+    raise typer.Exit(asyncio.run(run()))
+
+
 @app.command()
 def simulate(
     terminals: Annotated[int, typer.Option(min=1, help="Concurrent terminals.")] = 20,
