@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Annotated
 
 import typer
@@ -17,6 +18,21 @@ app.add_typer(admin, name="admin")
 app.command("export")(export_command)
 app.command("audit")(audit_command)
 app.add_typer(lake, name="lake")
+
+
+def _prepare_multiprocess_metrics() -> None:
+    """Before the workers start: an empty folder where each writes its metric values, named
+    in the environment they inherit, so /metrics sums every worker (api/metrics.py). Done
+    without importing prometheus_client here, which reads the variable at import."""
+    import tempfile
+    from pathlib import Path
+
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = Path(given) if given else Path(tempfile.mkdtemp(prefix="idempay-metrics-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):  # a previous run's values
+        stale.unlink()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
 
 
 @app.command()
@@ -34,6 +50,8 @@ def serve(
     settings = Settings()
     if migrate_first:
         migrate(settings)
+    if workers > 1:
+        _prepare_multiprocess_metrics()
     uvicorn.run(
         "api.main:app_factory",
         factory=True,

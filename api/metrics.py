@@ -1,8 +1,26 @@
-"""Prometheus metrics (per process). Labels never carry keys, merchants or card data."""
+"""Prometheus metrics. Labels never carry keys, merchants or card data.
+
+With several uvicorn workers (``idempay serve --workers N``), ``serve`` points
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh folder before the workers start, each worker writes
+its values there, and ``/metrics`` (whichever worker answers) sums them all
+(``exposition``). With one worker, the process's own registry is served."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import os
+import re
+from pathlib import Path
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 REQUESTS = Counter(
     "idempay_requests_total", "Requests by endpoint and outcome.", ["endpoint", "outcome"]
@@ -13,7 +31,11 @@ LATENCY = Histogram(
     ["endpoint"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
-IN_FLIGHT = Gauge("idempay_in_flight_keys", "Keys this process is driving through the issuer.")
+IN_FLIGHT = Gauge(
+    "idempay_in_flight_keys",
+    "Keys being driven through the issuer (summed over live workers).",
+    multiprocess_mode="livesum",
+)
 REPLAYS = Counter("idempay_replays_total", "Creates answered with a stored response.")
 CONFLICTS = Counter(
     "idempay_conflicts_total", "409 request_in_progress and 422 idempotency_key_reused answers."
@@ -25,3 +47,32 @@ EVENTS_DROPPED = Counter("idempay_events_dropped_total", "Request events dropped
 CACHE = Counter("idempay_cache_total", "Redis response cache lookups by result.", ["result"])
 OUTBOX_PUBLISHED = Counter("idempay_outbox_published_total", "Outbox events published.")
 PURGED = Counter("idempay_purged_total", "Rows purged by retention, by table.", ["table"])
+
+
+_LIVE_GAUGE = re.compile(r"gauge_live\w*_(\d+)\.db")
+
+
+def _forget_dead_workers(directory: Path) -> None:
+    """A SIGKILLed worker never says goodbye: drop its live-gauge files (its counters stay,
+    as Prometheus counters must)."""
+    for path in directory.glob("gauge_live*.db"):
+        match = _LIVE_GAUGE.fullmatch(path.name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            multiprocess.mark_process_dead(int(match.group(1)), str(directory))  # type: ignore[no-untyped-call]
+        except PermissionError:  # alive, someone else's
+            pass
+
+
+def exposition() -> bytes:
+    """The Prometheus text of this process, or of every worker in multiprocess mode."""
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        return generate_latest()
+    _forget_dead_workers(Path(directory))
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)

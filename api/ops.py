@@ -6,12 +6,12 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 from starlette.responses import JSONResponse, Response
 
 from api.errors import PROBLEM_JSON
-from api.metrics import IN_FLIGHT
+from api.metrics import exposition
 
 router = APIRouter(tags=["operations"])
 
@@ -70,8 +70,7 @@ async def readyz(request: Request) -> Response:
 
 @router.get("/metrics", response_class=Response, responses=_METRICS_RESPONSES)
 async def metrics(request: Request) -> Response:
-    IN_FLIGHT.set(request.app.state.ctx.service.in_flight)
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/idempotency-policy")

@@ -25,6 +25,7 @@ from api.idempotency import store
 from api.idempotency.cache import ResponseCache
 from api.idempotency.keys import body_fingerprint, uuid7_time
 from api.idempotency.store import KeyRecord
+from api.metrics import IN_FLIGHT
 from api.outbox import writer as outbox
 from api.transactions import repository
 from api.transactions.issuer import (
@@ -352,6 +353,7 @@ class TransactionService:
     ) -> Outcome:
         """Phases 2–3 for a key we own: call the issuer (no transaction open), then finish."""
         self.in_flight += 1
+        IN_FLIGHT.inc()
         try:
             auth = await asyncio.wait_for(
                 self.issuer.authorize(self.auth_request(merchant_id, key, body)),
@@ -365,6 +367,7 @@ class TransactionService:
             raise
         finally:
             self.in_flight -= 1
+            IN_FLIGHT.dec()
         async with atomic(self.engine) as conn:
             text = await self._finish(conn, merchant_id, key, body, auth, token, created_at)
         await self.cache.clear_busy(merchant_id, key)
