@@ -31,6 +31,27 @@ LATENCY = Histogram(
     ["endpoint"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+# Every series exists from the start (at 0), so a rate() or an alert never sees "no data"
+# before the first request, and the multiprocess exposition lists them too.
+OUTCOMES = {
+    "create": (
+        "created",
+        "replayed",
+        "in_progress",
+        "key_reused",
+        "aborted",
+        "expired",
+        "rejected",
+        "error",
+    ),
+    "lookup": ("found", "processing", "not_found", "fenced"),
+    "abort": ("aborted", "already_processed", "in_progress"),
+    "reversal": ("reversed", "already_reversed", "rejected"),
+}  # fmt: skip  (SPEC §5's outcome vocabulary)
+for _endpoint, _outcomes in OUTCOMES.items():
+    LATENCY.labels(_endpoint)
+    for _outcome in _outcomes:
+        REQUESTS.labels(_endpoint, _outcome)
 IN_FLIGHT = Gauge(
     "idempay_in_flight_keys",
     "Keys being driven through the issuer (summed over live workers).",
