@@ -27,6 +27,7 @@ __all__ = ["NETWORKS", "BaseClient", "no_reply", "reply_from"]
 NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
 # The server's Date header has a resolution of one second: a smaller offset is noise.
 CLOCK_SKEW_TOLERANCE_S = 2.0
+MAX_CLOCK_SAMPLE_RTT_S = 2.0  # a slower round trip says too little about the server's clock
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
@@ -89,18 +90,23 @@ class BaseClient:
         self._active_lock = threading.Lock()
         self.clock_offset_s: float | None = None  # server clock − ours, from Date headers
 
-    def _observe_clock(self, response: httpx.Response) -> None:
-        """Estimate how far the server's clock is from ours (its ``Date`` header, which
-        truncates to the second: +0.5 s) so that ``expires_at`` — a deadline the server
-        compares with its own clock — survives a terminal whose clock is off."""
+    def _observe_clock(self, response: httpx.Response, sent_at: float) -> None:
+        """Estimate how far the server's clock is from ours, NTP-style, so that
+        ``expires_at`` — a deadline the server compares with its own clock — survives a
+        terminal whose clock is off: the ``Date`` header (truncated to the second: +0.5 s)
+        against the middle of the round trip. Only quick round trips count: an answer the
+        network held for seconds would skew the estimate by as much."""
         date = response.headers.get("date")
         if not date:
+            return
+        received_at = self._ctx.clock()
+        if not 0 <= received_at - sent_at <= MAX_CLOCK_SAMPLE_RTT_S:
             return
         try:
             server = parsedate_to_datetime(date).timestamp() + 0.5
         except (TypeError, ValueError, IndexError, OverflowError):
             return
-        self.clock_offset_s = server - self._ctx.clock()
+        self.clock_offset_s = server - (sent_at + received_at) / 2
 
     def _server_now(self, local: float) -> float:
         offset = self.clock_offset_s

@@ -173,11 +173,12 @@ class Client(BaseClient):
                 reply = self._write(effect)
 
     def _send(self, effect: Send) -> Reply:
+        sent_at = self._ctx.clock()
         try:
             response = self._http.request(effect.method, effect.path, **send_kwargs(effect))
         except httpx.TransportError as exc:
             return no_reply(exc)
-        self._observe_clock(response)
+        self._observe_clock(response, sent_at)
         return reply_from(response)
 
 
@@ -328,9 +329,10 @@ class AsyncClient(BaseClient):
                 reply = await asyncio.to_thread(self._write, effect)
 
     async def _send(self, effect: Send) -> Reply:
+        sent_at = self._ctx.clock()
         try:
             response = await self._http.request(effect.method, effect.path, **send_kwargs(effect))
         except httpx.TransportError as exc:
             return no_reply(exc)
-        self._observe_clock(response)
+        self._observe_clock(response, sent_at)
         return reply_from(response)
