@@ -208,7 +208,7 @@ class Result:
             ("network faults injected by the proxy", str(proxy_faults)),
             ("requests served (request events logged)", str(self.checks.requests_logged)),
             (
-                "SDK round trips: creates / lookups / aborts",
+                "SDK round trips: creates / lookups / aborts (killed processes not counted)",
                 f"{counts['creates']} / {counts['lookups']} / {counts['aborts']}",
             ),  # fmt: skip
             ("5xx seen by terminals", _fmt_counts(client_5xx) or "0"),
