@@ -82,18 +82,21 @@ class Authenticator:
         failed-authentication limit presenting a key this process has not seen succeed."""
         if self._failures is None:  # built from the app's settings on first use
             self._failures = failure_limiter(request.app.state.ctx.settings)
-        authorization = request.headers.get("authorization")
+        digest = _digest_of(request.headers.get("authorization"))  # hashed once per request
+        known = digest in self._known_good  # the usual request: no limiter round trip
         client = client_address(request)
-        if _digest_of(authorization) not in self._known_good:  # known keys skip the check
+        if not known:
             retry_after = await self._failures.blocked(client)
             if retry_after is not None:
                 raise rate_limited(self._failures.item, retry_after)
         try:
-            merchant_id, digest = await self.merchant_for(authorization)
+            if digest is None:
+                raise UNAUTHORIZED
+            merchant_id = await self._merchant_for(digest)
         except ApiError:
             await self._failures.failed(client)
             raise
-        if digest not in self._known_good:
+        if not known:
             if len(self._known_good) >= KNOWN_GOOD_MAX:
                 del self._known_good[next(iter(self._known_good))]
             self._known_good[digest] = None
@@ -104,9 +107,12 @@ class Authenticator:
         digest = _digest_of(authorization)
         if digest is None:
             raise UNAUTHORIZED
+        return await self._merchant_for(digest), digest
+
+    async def _merchant_for(self, digest: str) -> str:
         cached = self._cache.get(digest)
         if cached and cached[1] > time.monotonic():
-            return cached[0], digest
+            return cached[0]
         async with self._engine.connect() as conn:
             row = (
                 await conn.execute(
@@ -120,7 +126,7 @@ class Authenticator:
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[digest] = (row.merchant_id, time.monotonic() + CACHE_SECONDS)
-        return row.merchant_id, digest
+        return str(row.merchant_id)
 
 
 async def create_api_key(engine: AsyncEngine, merchant: str) -> str:

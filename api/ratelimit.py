@@ -56,42 +56,37 @@ class _Window:
 
     async def hit(self, item: RateLimitItem, *identifiers: str) -> float | None:
         """Count one hit; the window's reset time (unix s) when over the limit, else None."""
-        limiter = self._pick()
-        try:
-            if await limiter.hit(item, *identifiers):
-                return None
-            reset, _remaining = await limiter.get_window_stats(item, *identifiers)
-            return reset
-        except Exception as exc:
-            return await self._degrade(exc, self._local.hit, item, identifiers)
+        return await self._ask("hit", item, identifiers)
 
     async def test(self, item: RateLimitItem, *identifiers: str) -> float | None:
         """Like ``hit`` without counting: the reset time when over the limit, else None."""
-        limiter = self._pick()
-        try:
-            if await limiter.test(item, *identifiers):
-                return None
-            reset, _remaining = await limiter.get_window_stats(item, *identifiers)
-            return reset
-        except Exception as exc:
-            return await self._degrade(exc, self._local.test, item, identifiers)
+        return await self._ask("test", item, identifiers)
 
-    async def _degrade(
-        self,
-        exc: Exception,
-        local: Callable[..., Awaitable[bool]],
-        item: RateLimitItem,
-        identifiers: tuple[str, ...],
+    async def _ask(
+        self, verb: str, item: RateLimitItem, identifiers: tuple[str, ...]
     ) -> float | None:
-        if self._remote is None:  # memory itself failed: let the request through
-            log.warning(f"{self._name}_failed", error=type(exc).__name__)
-            return None
-        self._open_until = time.monotonic() + CIRCUIT_SECONDS
-        log.warning(f"{self._name}_degraded", error=type(exc).__name__, fallback="memory")
-        if await local(item, *identifiers):
-            return None
-        reset, _remaining = await self._local.get_window_stats(item, *identifiers)
-        return reset
+        try:
+            return await _reset_if_over(self._pick(), verb, item, identifiers)
+        except Exception as exc:
+            if self._remote is None:  # memory itself failed: let the request through
+                log.warning(f"{self._name}_failed", error=type(exc).__name__)
+                return None
+            self._open_until = time.monotonic() + CIRCUIT_SECONDS
+            log.warning(f"{self._name}_degraded", error=type(exc).__name__, fallback="memory")
+            return await _reset_if_over(self._local, verb, item, identifiers)
+
+
+async def _reset_if_over(
+    limiter: SlidingWindowCounterRateLimiter,
+    verb: str,
+    item: RateLimitItem,
+    identifiers: tuple[str, ...],
+) -> float | None:
+    allowed: Callable[..., Awaitable[bool]] = getattr(limiter, verb)
+    if await allowed(item, *identifiers):
+        return None
+    reset, _remaining = await limiter.get_window_stats(item, *identifiers)
+    return reset
 
 
 def rate_limited(item: RateLimitItem, retry_after: int) -> ApiError:

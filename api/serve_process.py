@@ -74,7 +74,8 @@ class ServerProcess:
         return [sys.executable, "-m", "api", "serve", "--port", str(self.port),
                 "--workers", str(self.workers), *self.args]  # fmt: skip
 
-    def start(self, *, timeout: float = 60.0) -> Self:
+    def launch(self) -> None:
+        """Start the process without waiting for it to be ready."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -84,9 +85,12 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def start(self, *, timeout: float = 60.0) -> Self:
+        self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            if not self.alive():
                 raise RuntimeError(f"server exited:\n{self.log_tail()}")
             if self.is_ready():
                 return self

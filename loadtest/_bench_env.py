@@ -14,6 +14,7 @@ import asyncio
 import os
 import platform
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,6 +27,12 @@ from api.serve_process import ServerProcess
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 ROOT = Path(__file__).resolve().parents[1]
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+def say(text: str) -> None:
+    """A line on stdout, flushed (the harnesses' progress is read live)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def database_url(name: str) -> str:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -34,11 +33,6 @@ _RECOVERED_BY = {
     "redis_restart": "Redis up, then a probe create answered",
     "loss_burst": "burst over, then a fleet payment settled",
 }
-
-
-def say(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 @dataclass(frozen=True)

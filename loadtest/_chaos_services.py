@@ -16,7 +16,6 @@ Only loopback addresses are used.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
 import os
 import random
@@ -167,42 +166,6 @@ class PrivateRedis:
     stop = kill
 
 
-class _Process:
-    """A ``python -m api …`` process in its own session, output to a log file."""
-
-    def __init__(self, args: list[str], env: Mapping[str, str], log: Path) -> None:
-        self.args, self.env, self.log = args, dict(env), log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def spawn(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "api", *self.args],
-                cwd=ROOT,
-                env={**os.environ, **self.env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, *, timeout: float = 30.0) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.proc = None
-
-
 class Api(ServerProcess):
     """``idempay serve --workers N`` whose workers can be killed one at a time."""
 
@@ -253,8 +216,15 @@ class Api(ServerProcess):
         return False
 
 
-class Sidecar(_Process):
-    """``idempay completer`` or ``idempay relay``."""
+class Sidecar(ServerProcess):
+    """``idempay completer`` or ``idempay relay``: ``args`` are the CLI's; no port, no
+    readiness check (``launch`` only)."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log: Path) -> None:
+        super().__init__(env, log, args=args, cwd=ROOT)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "api", *self.args]
 
 
 def migrate_and_keys(database_url: str, merchants: list[str]) -> dict[str, tuple[str, str]]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from loadtest import _bench_env
 from loadtest._bench_driver import Load, RoundResult, run_load
+from loadtest._bench_env import say
 
 PROTOCOLS = {
     "plain": "httptools",
@@ -43,11 +44,6 @@ class UvicornServer(_bench_env.Server):
                 "--host", "127.0.0.1", "--port", str(self.port), "--loop", "uvloop",
                 "--http", self.http, "--no-access-log", "--log-level", "warning",
                 "--timeout-keep-alive", "30"]  # fmt: skip
-
-
-def _say(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 def _rate(result: RoundResult) -> float:
@@ -96,19 +92,19 @@ def main(argv: list[str] | None = None) -> int:
                         result = executor.submit(run_load, load).result()
                         errors += result.errors
                         rates.setdefault((scenario, name), []).append(_rate(result))
-        _say(f"\nHTTP layer cost: {args.rounds} ABBA rounds × {args.seconds:g} s, "
+        say(f"\nHTTP layer cost: {args.rounds} ABBA rounds × {args.seconds:g} s, "
               f"concurrency {args.concurrency}, one worker each\n")  # fmt: skip
-        _say(f"{'scenario':<8} {'plain req/s':>12} {'guarded req/s':>14} "
+        say(f"{'scenario':<8} {'plain req/s':>12} {'guarded req/s':>14} "
               f"{'guarded÷plain (paired median)':>30} {'range':>14}")  # fmt: skip
         for scenario in SCENARIOS:
             plain, guarded = rates[(scenario, "plain")], rates[(scenario, "guarded")]
             paired = [g / p for g, p in zip(guarded, plain, strict=True) if p]
-            _say(
+            say(
                 f"{scenario:<8} {statistics.median(plain):>12.0f} "
                 f"{statistics.median(guarded):>14.0f} {statistics.median(paired):>30.3f} "
                 f"{min(paired):>6.3f}–{max(paired):.3f}"
             )
-        _say(f"\nerrors: {errors}")
+        say(f"\nerrors: {errors}")
         return 1 if errors else 0
     finally:
         for server in servers.values():

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest import _chaos_report as report
+from loadtest._bench_env import say
 from loadtest._chaos_fleet import Probe, Tally, TerminalProcess
 from loadtest._chaos_services import (
     ROOT,
@@ -267,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.duration < 30:
         raise SystemExit("chaos: --duration must be at least 30 s")
     root = Path(tempfile.mkdtemp(prefix="idempay-chaos-"))
-    say = report.say
     say(f"chaos: seed {args.seed}, {args.duration:.0f} s, {args.terminals} terminals; in {root}")
     pg = PrivatePostgres(root).init()
     redis = PrivateRedis(root)
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             Sidecar([name], env, root / "logs" / f"{name}.log") for name in ("completer", "relay")
         ]
         for sidecar in sidecars:
-            sidecar.spawn()
+            sidecar.launch()
             started.append(sidecar)
         proxy = ChaosProxy(
             target_host="127.0.0.1",
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     stop()
                 except Exception as exc:  # keep cleaning up
-                    report.say(f"chaos: cleanup: {type(exc).__name__}: {exc}")
+                    say(f"chaos: cleanup: {type(exc).__name__}: {exc}")
         redis.kill()
         pg.stop()
         if args.keep:

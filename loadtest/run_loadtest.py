@@ -34,6 +34,7 @@ from locust.util.timespan import parse_timespan
 from sqlalchemy import func, select
 
 from loadtest import _bench_env
+from loadtest._bench_env import say
 from loadtest.chaos_proxy import ChaosProxy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,11 +46,6 @@ SERVER_ENV = {
     "IDEMPAY_COMPLETER_INTERVAL": "0.5",
 }
 SETTLE_TIMEOUT_S = 120.0
-
-
-def _say(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 @dataclass(frozen=True)
@@ -162,7 +158,7 @@ def _locust(args: argparse.Namespace, host: str, api_key: str) -> int:
         "--only-summary", *SCENARIOS,
     ]  # fmt: skip
     env = {**os.environ, "IDEMPAY_API_KEY": api_key}
-    _say("$ " + " ".join(command[1:]))
+    say("$ " + " ".join(command[1:]))
     proc = subprocess.Popen(command, cwd=ROOT, env=env)
     try:
         return proc.wait(timeout=parse_timespan(args.run_time) + 180)
@@ -173,18 +169,18 @@ def _locust(args: argparse.Namespace, host: str, api_key: str) -> int:
 
 
 def _print(checks: Checks, locust_rc: int, proxy_stats: dict[str, int]) -> None:
-    _say(f"\n== idempay invariants (merchant {checks.merchant}) ==")
-    _say(
+    say(f"\n== idempay invariants (merchant {checks.merchant}) ==")
+    say(
         f"transactions {checks.transactions}  charges {checks.charges}  "
         f"aborted keys {checks.aborted_keys}  requests logged {checks.requests_logged}"
     )
     faults = {k: v for k, v in proxy_stats.items() if v and k not in ("connections", "passed")}
-    _say(f"chaos proxy: {faults}")
+    say(f"chaos proxy: {faults}")
     for name, count in checks.rows:
-        _say(f"  {'OK  ' if count == 0 else 'FAIL'}  {name:<26} {count}")
+        say(f"  {'OK  ' if count == 0 else 'FAIL'}  {name:<26} {count}")
     for line in checks.violations[:20]:
-        _say(f"    {line}")
-    _say(f"  {'OK  ' if locust_rc == 0 else 'FAIL'}  {'locust thresholds':<26} exit {locust_rc}")
+        say(f"    {line}")
+    say(f"  {'OK  ' if locust_rc == 0 else 'FAIL'}  {'locust thresholds':<26} exit {locust_rc}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -213,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         proxy = ChaosProxy(
             target_host="127.0.0.1", target_port=server.port, seed=args.seed, loss=args.loss
         ).run_in_thread()
-        _say(
+        say(
             f"server {server.url} ({args.workers} workers, log {log_path}); "
             f"chaos proxy 127.0.0.1:{proxy.port} loss {args.loss}"
         )
@@ -222,13 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         stats = proxy.stats
         proxy = None
         left = _settle(database, merchant)
-        _say(f"completer settled: {left} keys still processing")
+        say(f"completer settled: {left} keys still processing")
         server.stop()  # flushes the request events
         server = None
         checks = asyncio.run(_check(database, merchant))
         _print(checks, locust_rc, stats)
         ok = checks.ok and locust_rc == 0
-        _say("\nloadtest: " + ("PASSED" if ok else "FAILED"))
+        say("\nloadtest: " + ("PASSED" if ok else "FAILED"))
         return 0 if ok else 1
     finally:
         if proxy is not None:

@@ -76,7 +76,6 @@ class TransactionService:
         self.issuer = issuer
         self.settings = settings
         self.cache = cache or ResponseCache(None, prefix="", ttl=1, lookup_ttl=1, busy_ttl=1)
-        self.in_flight = 0
 
     # ----------------------------------------------------------------- helpers
     def retry_after(self) -> dict[str, str]:
@@ -352,7 +351,6 @@ class TransactionService:
         event: str,
     ) -> Outcome:
         """Phases 2–3 for a key we own: call the issuer (no transaction open), then finish."""
-        self.in_flight += 1
         IN_FLIGHT.inc()
         try:
             auth = await asyncio.wait_for(
@@ -366,7 +364,6 @@ class TransactionService:
             await self._hand_over(merchant_id, key, token)
             raise
         finally:
-            self.in_flight -= 1
             IN_FLIGHT.dec()
         async with atomic(self.engine) as conn:
             text = await self._finish(conn, merchant_id, key, body, auth, token, created_at)
