@@ -414,6 +414,7 @@ def _follow(
     assert proc.stdout is not None
     last: dict[str, Any] = {}
     sold = recovered = 0
+    killed = False
     try:
         for line in proc.stdout:
             last = json.loads(line)
@@ -421,10 +422,13 @@ def _follow(
                 recovered += 1 if last.get("boot") else 0
                 sold += 0 if last.get("boot") else 1
                 tally.record(last["key"], last["status"])
-            if kill_after is not None and sold >= kill_after:
+            if kill_after is not None and sold >= kill_after and not killed:
                 time.sleep(random.Random(f"{config.seed}:{index}").uniform(0.0, 0.02))
                 proc.send_signal(signal.SIGKILL)
-                break
+                # Keep reading to EOF: a payment the terminal reported just before it died
+                # is in the pipe already (its journal entry is settled, so the reboot's
+                # recover() will not report it again).
+                killed = True
     finally:
         watchdog.cancel()
         proc.stdout.close()
