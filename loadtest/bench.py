@@ -1,7 +1,7 @@
 """``make bench``: idempay's create beside its own bypassed baseline, in one run.
 
     python -m loadtest.bench [--rounds 5] [--seconds 5] [--concurrency 50]
-                             [--json out.json] [--profile]
+                             [--json out.json] [--profile] [--quick] [--no-peers]
 
 One private Postgres database (dropped at the end, even on failure), one server
 (``python -m api serve --workers 1`` with ``IDEMPAY_BENCH_BYPASS=true``), and a closed-loop
@@ -11,6 +11,13 @@ pre-created keys, lookup of existing keys, and pgbench running the create's SQL 
 installed — are measured in alternating rounds (forward, then reversed order, so slow drift
 on a shared machine hits every scenario alike). Only ratios taken side by side in one run
 mean anything here; absolute figures move with the machine's other load.
+
+Issue 13's comparison servers run in the same rounds with the same client
+(``loadtest/_bench_peers.py``): ``plain`` (FastAPI, pydantic body + one Redis INCR),
+``idemkit`` (the same app behind idemkit's Idempotency-Key middleware on Redis) — both on a
+private Redis database (``--peers-redis``) — and ``create-sqlite`` (idempay's create on the
+embedded SQLite default). Goals 1–4 of the issue are printed met/missed on paired ratios.
+``--quick`` (~1 minute): 3 rounds × 2.5 s, a 500-key pool, no pgbench, no idempay+Redis.
 
 Exit status 1 when any scenario has more than 0.5 % errors (any unexpected status).
 """
@@ -34,6 +41,8 @@ from typing import Any
 
 from rich.console import Console
 
+from loadtest import _bench_goals as peer_goals
+from loadtest import _bench_peers as peers
 from loadtest import _bench_pgbench as pgbench
 from loadtest import _bench_profile as profiling
 from loadtest._bench_driver import SCENARIOS, Load, run_load
@@ -49,11 +58,19 @@ from loadtest._bench_env import (
     prepare_database,
     sample_cpu,
 )
-from loadtest._bench_report import ERROR_BUDGET_PCT, ratios, render, render_profile, summarize
+from loadtest._bench_report import (
+    ERROR_BUDGET_PCT,
+    percentile,
+    ratios,
+    render,
+    render_profile,
+    summarize,
+)
 from loadtest._bench_waits import WaitSampler
 
 REDIS_SCENARIOS = ("replay+redis", "lookup+redis")
-ALL_SCENARIOS = (*SCENARIOS, *REDIS_SCENARIOS)
+PEER_SCENARIOS = ("plain", "idemkit", "create-sqlite")
+ALL_SCENARIOS = (*SCENARIOS, *REDIS_SCENARIOS, *PEER_SCENARIOS)
 
 
 def _clean_redis(url: str, prefix: str) -> None:
@@ -93,11 +110,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--pgbench-clients", type=int, default=50, help="pgbench -c (50)")
     parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="~1 minute: 3 rounds × 2.5 s, 500 keys, no pgbench, no idempay+Redis scenarios",
+    )
+    parser.add_argument("--no-peers", action="store_true", help="skip plain/idemkit/SQLite")
+    parser.add_argument(
+        "--peers-redis",
+        default="redis://127.0.0.1:6379/11",
+        help="Redis for the plain and idemkit peers (a private database number)",
+    )
+    parser.add_argument(
         "--pgbench-no-outbox",
         action="store_true",
         help="add a pgbench variant without the outbox statements to the rotation",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.seconds, args.pool, args.warmup = 3, 2.5, 500, 0.5
+        args.no_pgbench, args.redis = True, ""
+    return args
 
 
 class Bench:
@@ -116,6 +148,9 @@ class Bench:
         self.cached: Server | None = None  # the same app with the Redis fast path
         self.redis_prefix = f"idempay-bench-{os.getpid()}:"
         self.waits: WaitSampler | None = None
+        self.peers: dict[str, Server | peers.PeerServer] = {}  # scenario → its server
+        self.peer_prefix = f"idempay-bench-peer-{os.getpid()}:"
+        self.sqlite_key = ""
 
     def run(self, database: str) -> None:
         self.api_key = prepare_database(database)
@@ -130,6 +165,8 @@ class Bench:
                 redis_prefix=self.redis_prefix,
             )
             self.cached.start()
+        if not self.args.no_peers:
+            self._start_peers()
         self.waits = WaitSampler(PG_ADMIN, database)
         self.waits.start()
         self.scripts = {name: pgbench.write_script(self.workdir, name) for name in self.pgbenches}
@@ -145,10 +182,33 @@ class Bench:
             if self.args.profile:
                 self._profile()
 
+    def _start_peers(self) -> None:
+        for scenario, factory in (("plain", "plain_app"), ("idemkit", "idemkit_app")):
+            self.peers[scenario] = peers.PeerServer(
+                factory,
+                self.workdir / f"{scenario}.log",
+                redis_url=self.args.peers_redis,
+                prefix=self.peer_prefix,
+            )
+        path = self.workdir / "sqlite" / "idempay.db"
+        path.parent.mkdir()
+        self.sqlite_key = peers.prepare_sqlite(path)
+        self.peers["create-sqlite"] = Server(
+            self.database,
+            self.workdir / "server-sqlite.log",
+            env={"IDEMPAY_DATABASE_URL": peers.sqlite_url(path)},
+        )
+        for server in self.peers.values():
+            server.start()
+
     def close(self) -> None:
         """Stop the sampler and the server (its whole process group); safe to call twice."""
         if self.waits is not None:
             self.waits.stop()
+        for server in self.peers.values():
+            server.stop()
+        if self.peers:
+            peers.clean_redis(self.args.peers_redis, self.peer_prefix)
         if self.server is not None:
             self.server.stop()
         if self.cached is not None:
@@ -158,6 +218,9 @@ class Bench:
     def load(self, scenario: str, seconds: float, pool: tuple[str, ...] = ()) -> Load:
         assert self.server is not None
         server = self.server
+        if scenario in self.peers:  # the same create requests against a comparison server
+            key = self.sqlite_key if scenario == "create-sqlite" else self.api_key
+            return Load(self.peers[scenario].url, key, "create", seconds, self.args.concurrency)
         if scenario.endswith("+redis"):  # the same requests against the Redis-backed server
             assert self.cached is not None
             server, scenario = self.cached, scenario.removesuffix("+redis")
@@ -175,7 +238,11 @@ class Bench:
 
     @property
     def http_scenarios(self) -> list[str]:
-        return [*SCENARIOS, *(REDIS_SCENARIOS if self.args.redis else ())]
+        return [
+            *SCENARIOS,
+            *(REDIS_SCENARIOS if self.args.redis else ()),
+            *(PEER_SCENARIOS if not self.args.no_peers else ()),
+        ]
 
     def _seed(self) -> None:
         self.pool = tuple(str(uuid.uuid4()) for _ in range(self.args.pool))
@@ -209,6 +276,8 @@ class Bench:
     def _measure_one(self, scenario: str) -> dict[str, Any]:
         assert self.server is not None
         pid = self.cached.pid if scenario.endswith("+redis") and self.cached else self.server.pid
+        if scenario in self.peers:
+            pid = self.peers[scenario].pid
         before = sample_cpu(pid, self.database)
         if scenario in self.scripts:
             row = self._pgbench_round(self.scripts[scenario])
@@ -217,6 +286,7 @@ class Bench:
                 run_load, self.load(scenario, self.args.seconds, self.pool)
             ).result()
             self.latencies[scenario].extend(result.latencies_ms)
+            ordered = sorted(result.latencies_ms)
             row = {
                 "requests": result.requests,
                 "errors": result.errors,
@@ -224,6 +294,7 @@ class Bench:
                 "elapsed_s": result.elapsed_s,
                 "generator_cpu_s": result.cpu_s,
                 "statuses": result.statuses,
+                "p99_ms": percentile(ordered, 99),  # this round's own, for paired p99 ratios
             }
         row["cpu"] = cpu_delta(before, sample_cpu(pid, self.database))
         if scenario in self.scripts:
@@ -322,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     waits = {name: bench.waits.summary(name) for name in figures} if bench.waits else {}
     context = {"title": title, "pgbench_note": bench.pgbench_note, "waits": waits}
     render(console, figures, derived, context)
+    versus = peer_goals.peer_ratios(bench.rounds)
+    verdicts = peer_goals.judge(versus)
+    if versus:
+        peer_goals.render(console, versus, verdicts)
     if args.profile:
         if bench.profile is not None:
             render_profile(console, bench.profile)
@@ -334,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         or not figures[name]["requests"]
     ]
     if args.json:
+        derived = {**derived, "peers": versus, "goals": verdicts}  # type: ignore[dict-item]
         _write_json(args, bench, machine, postgres, started, figures, derived, waits)
     if failed:
         console.print(f"[red]FAILED[/]: errors over {ERROR_BUDGET_PCT} % in {', '.join(failed)}")
