@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-# (name, top scenario, bottom scenario, series): series "rate" (req/s) or "p99" (ms)
+# (name, top scenario, bottom scenario, series): "rate" (req/s) or "p99_ms" (this round's p99)
 PEER_PAIRS = (
     ("create ÷ idemkit", "create", "idemkit", "rate"),
     ("create ÷ plain", "create", "plain", "rate"),
@@ -24,9 +24,9 @@ PEER_PAIRS = (
     ("lookup ÷ plain", "lookup", "plain", "rate"),
     ("SQLite create ÷ plain", "create-sqlite", "plain", "rate"),
     ("SQLite create ÷ create", "create-sqlite", "create", "rate"),
-    ("p99 create ÷ p99 plain", "create", "plain", "p99"),
-    ("p99 idemkit ÷ p99 plain", "idemkit", "plain", "p99"),
-    ("p99 SQLite create ÷ p99 plain", "create-sqlite", "plain", "p99"),
+    ("p99 create ÷ p99 plain", "create", "plain", "p99_ms"),
+    ("p99 idemkit ÷ p99 plain", "idemkit", "plain", "p99_ms"),
+    ("p99 SQLite create ÷ p99 plain", "create-sqlite", "plain", "p99_ms"),
 )
 
 
