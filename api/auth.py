@@ -2,17 +2,23 @@
 time, cached in memory for a minute (a revoked key stops working within that minute).
 
 Failed authentications are limited per client address (``IDEMPAY_AUTH_FAILURE_LIMIT``,
-``AuthFailureLimiter``). While an address is over the limit, only keys this process has
-already seen authenticate are checked; every other request from it answers 429 without a key
-check, so guessing is capped at about ``limit`` tries per window per address, while terminals
-of known merchants that share the address (a carrier-grade NAT, a proxy) keep working. Every
-failure answers the same 401 body: a malformed, unknown or revoked key look alike.
+``AuthFailureLimiter``). Every key is checked; only a failure is counted, and once an
+address is over the limit its failures answer 429 instead of 401. A valid key is never
+refused because of its address: not after a restart, not on a new worker, not for a merchant
+whose key was never used before — terminals of every merchant that share an address with an
+attacker (a carrier-grade NAT, a proxy) keep working. Every failure under the limit answers
+the same 401 body: a malformed, unknown or revoked key look alike.
+
+The client address is an IP address (an IPv6 client stands for its /64, the block one
+subscriber gets); a value that is not an IP address (a forged X-Forwarded-For) is not an
+identity, and all such values share one bucket.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import time
 import uuid
@@ -30,7 +36,7 @@ from api.models import ApiKey, Merchant
 from api.ratelimit import AuthFailureLimiter, rate_limited
 
 CACHE_SECONDS = 60.0
-KNOWN_GOOD_MAX = 100_000
+UNPARSEABLE_ADDRESS = "unparseable"
 UNAUTHORIZED = ApiError(
     401,
     "unauthorized",
@@ -64,43 +70,40 @@ def failure_limiter(settings: Settings) -> AuthFailureLimiter:
 
 def client_address(request: Request) -> str:
     """The peer as uvicorn reports it (X-Forwarded-For is honoured only from the proxies in
-    uvicorn's FORWARDED_ALLOW_IPS, default 127.0.0.1)."""
-    return request.client.host if request.client else "unknown"
+    uvicorn's FORWARDED_ALLOW_IPS, default 127.0.0.1), as an IP address: IPv4 as is, IPv6 as
+    its /64 (an IPv4-mapped IPv6 address as the IPv4 address); anything else is ignored —
+    every such value is the one ``UNPARSEABLE_ADDRESS``, so a rotating forged header is one
+    identity, and no client-chosen string is ever kept."""
+    host = request.client.host if request.client else ""
+    try:
+        address = ipaddress.ip_address(host.strip())
+    except ValueError:
+        return UNPARSEABLE_ADDRESS
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
 
 
 class Authenticator:
     def __init__(self, engine: AsyncEngine, *, failures: AuthFailureLimiter | None = None) -> None:
         self._engine = engine
         self._cache: dict[str, tuple[str, float]] = {}
-        self._failures = failures
-        # sha256 of keys that authenticated in this process (a bounded, oldest-first set):
-        # the only keys still checked for an address that is over the failure limit.
-        self._known_good: dict[str, None] = {}
+        self.failures = failures
 
     async def authenticate(self, request: Request) -> tuple[str, str]:
-        """(merchant_id, key_hash) for the request, or 401 — or 429 for an address over the
-        failed-authentication limit presenting a key this process has not seen succeed."""
-        if self._failures is None:  # built from the app's settings on first use
-            self._failures = failure_limiter(request.app.state.ctx.settings)
-        digest = _digest_of(request.headers.get("authorization"))  # hashed once per request
-        known = digest in self._known_good  # the usual request: no limiter round trip
-        client = client_address(request)
-        if not known:
-            retry_after = await self._failures.blocked(client)
-            if retry_after is not None:
-                raise rate_limited(self._failures.item, retry_after)
+        """(merchant_id, key_hash) for the request; else 401 — or 429 once the client address
+        is over the failed-authentication limit. A valid key always authenticates."""
+        if self.failures is None:  # built from the app's settings on first use
+            self.failures = failure_limiter(request.app.state.ctx.settings)
         try:
-            if digest is None:
-                raise UNAUTHORIZED
-            merchant_id = await self._merchant_for(digest)
+            return await self.merchant_for(request.headers.get("authorization"))
         except ApiError:
-            await self._failures.failed(client)
+            retry_after = await self.failures.failed(client_address(request))
+            if retry_after is not None:
+                raise rate_limited(self.failures.item, retry_after) from None
             raise
-        if not known:
-            if len(self._known_good) >= KNOWN_GOOD_MAX:
-                del self._known_good[next(iter(self._known_good))]
-            self._known_good[digest] = None
-        return merchant_id, digest
 
     async def merchant_for(self, authorization: str | None) -> tuple[str, str]:
         """(merchant_id, key_hash) for a ``Bearer`` header, or raise 401."""

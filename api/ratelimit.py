@@ -4,22 +4,29 @@ mechanism: when Redis fails, the limit falls back to this process's memory for a
 ``CIRCUIT_SECONDS`` circuit (one warning per trip, not one per request, and no Redis timeout
 paid by every request while it is out), then Redis is tried again.
 
-- ``RateLimiter``: per API key, and per (API key, terminal) on creates.
+- ``RateLimiter``: per API key (once per request), and per (API key, terminal) on creates.
 - ``AuthFailureLimiter``: failed authentications per client address (API key guessing);
   see ``api/auth.py`` and docs/security.md for who is refused once an address is over it.
+
+This process's memory is bounded whatever clients send: ``BoundedWindows`` keeps at most
+``capacity`` identities (least recently used forgotten first), so many distinct addresses or
+terminal ids cannot grow it; in Redis every window key has the window's TTL.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 from limits import RateLimitItem, parse
-from limits.aio.storage import MemoryStorage, Storage
+from limits.aio.storage import Storage
 from limits.aio.strategies import SlidingWindowCounterRateLimiter
 from limits.storage import storage_from_string
+from limits.util import WindowStats
 
 from api.errors import ApiError
 
@@ -27,11 +34,71 @@ log = structlog.get_logger("idempay.ratelimit")
 
 
 CIRCUIT_SECONDS = 1.0
+MEMORY_CAPACITY = 100_000
+"""Identities (addresses, keys, terminals) one in-memory limiter remembers at most."""
 
 
-def _storage(redis_url: str | None, prefix: str) -> Storage:
-    if not redis_url:
-        return MemoryStorage()
+class _Limiter(Protocol):
+    async def hit(self, item: RateLimitItem, *identifiers: str) -> bool: ...
+
+    async def test(self, item: RateLimitItem, *identifiers: str) -> bool: ...
+
+    async def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats: ...
+
+
+class BoundedWindows:
+    """Sliding-window counters (the same weighting as ``limits``' sliding window counter) in
+    this process's memory, for at most ``capacity`` identities: the least recently used is
+    forgotten first, so a flood of distinct identities costs a bounded amount of memory (and
+    an identity that is forgotten starts again from zero, which only ever lets through more,
+    never refuses a request that would have passed)."""
+
+    def __init__(self, capacity: int = MEMORY_CAPACITY) -> None:
+        self.capacity = capacity
+        # identity -> (index of the current window, previous window's count, current count)
+        self._windows: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def _read(self, item: RateLimitItem, identifiers: tuple[str, ...]) -> tuple[str, int, int, int]:
+        """(identity, current window index, previous count, current count) as of now."""
+        expiry = item.get_expiry()
+        index = int(time.time() // expiry)
+        identity = item.key_for(*identifiers)
+        start, previous, current = self._windows.get(identity, (index, 0, 0))
+        if start == index - 1:
+            previous, current = current, 0
+        elif start != index:
+            previous, current = 0, 0
+        return identity, index, previous, current
+
+    @staticmethod
+    def _weighted(item: RateLimitItem, previous: int, current: int) -> float:
+        expiry = item.get_expiry()
+        left_of_previous = expiry - time.time() % expiry
+        return previous * left_of_previous / expiry + current
+
+    async def test(self, item: RateLimitItem, *identifiers: str) -> bool:
+        _identity, _index, previous, current = self._read(item, identifiers)
+        return self._weighted(item, previous, current) + 1 <= item.amount
+
+    async def hit(self, item: RateLimitItem, *identifiers: str) -> bool:
+        identity, index, previous, current = self._read(item, identifiers)
+        allowed = self._weighted(item, previous, current) + 1 <= item.amount
+        self._windows[identity] = (index, previous, current + allowed)
+        self._windows.move_to_end(identity)
+        while len(self._windows) > self.capacity:
+            self._windows.popitem(last=False)
+        return allowed
+
+    async def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:
+        _identity, index, previous, current = self._read(item, identifiers)
+        remaining = max(0, item.amount - math.floor(self._weighted(item, previous, current)))
+        return WindowStats((index + 1) * item.get_expiry(), remaining)
+
+
+def _storage(redis_url: str, prefix: str) -> Storage:
     remote = storage_from_string(f"async+{redis_url}", implementation="redispy", key_prefix=prefix)
     assert isinstance(remote, Storage)
     return remote
@@ -42,17 +109,17 @@ class _Window:
     Redis is failing (a circuit of ``CIRCUIT_SECONDS``), or on memory alone."""
 
     def __init__(self, redis_url: str | None, prefix: str, name: str) -> None:
-        self._local = SlidingWindowCounterRateLimiter(MemoryStorage())
+        self.local = BoundedWindows()
         self._remote = (
             SlidingWindowCounterRateLimiter(_storage(redis_url, prefix)) if redis_url else None
         )
         self._name = name
         self._open_until = 0.0
 
-    def _pick(self) -> SlidingWindowCounterRateLimiter:
+    def _pick(self) -> _Limiter:
         if self._remote is not None and time.monotonic() >= self._open_until:
             return self._remote
-        return self._local
+        return self.local
 
     async def hit(self, item: RateLimitItem, *identifiers: str) -> float | None:
         """Count one hit; the window's reset time (unix s) when over the limit, else None."""
@@ -73,11 +140,11 @@ class _Window:
                 return None
             self._open_until = time.monotonic() + CIRCUIT_SECONDS
             log.warning(f"{self._name}_degraded", error=type(exc).__name__, fallback="memory")
-            return await _reset_if_over(self._local, verb, item, identifiers)
+            return await _reset_if_over(self.local, verb, item, identifiers)
 
 
 async def _reset_if_over(
-    limiter: SlidingWindowCounterRateLimiter,
+    limiter: _Limiter,
     verb: str,
     item: RateLimitItem,
     identifiers: tuple[str, ...],
@@ -111,8 +178,12 @@ class RateLimiter:
         self._per_terminal: RateLimitItem = parse(per_terminal)
 
     async def check(self, key_hash: str, terminal_id: str | None = None) -> None:
-        await self._hit(self._per_key, "key", key_hash[:16])
-        if terminal_id:
+        """Count one request against the API key's window; or, given a ``terminal_id`` (the
+        create's second call, once its body is read), against that terminal's window only —
+        a create is one request of its key, never two."""
+        if terminal_id is None:
+            await self._hit(self._per_key, "key", key_hash[:16])
+        elif terminal_id:
             await self._hit(self._per_terminal, "terminal", key_hash[:16], terminal_id)
 
     async def _hit(self, item: RateLimitItem, *identifiers: str) -> None:
@@ -124,21 +195,23 @@ class RateLimiter:
 class AuthFailureLimiter:
     """Failed authentications (401s) per client address, in a sliding window.
 
-    Only failures are counted: a terminal that authenticates never uses up its address's
-    budget. ``blocked`` is asked before a key is checked; it answers the Retry-After (s) while
-    the address is over the limit, else None. Requests refused while blocked are not counted
-    (they never reach a key check), so an address gets about ``limit`` key checks per window
-    however hard it hammers, and the block lifts by itself within a window of the last
-    counted failure: it never locks an address out for good.
+    Only failures are counted, and only failures are ever refused: a key that authenticates
+    never asks this limiter anything, so a terminal with a valid key is never turned away
+    because its address (a carrier-grade NAT, a proxy) is over the limit. ``failed`` counts
+    one failure and answers the Retry-After (s) once the address is over the limit — that
+    failure then answers 429 instead of 401. A failure over the limit is not counted (the
+    window is full), so the block lifts by itself within a window of the last counted one.
     """
 
     def __init__(self, *, limit: str, redis_url: str | None, prefix: str) -> None:
         self._window = _Window(redis_url, prefix, "auth_failure_limit")
         self.item: RateLimitItem = parse(limit)
 
-    async def blocked(self, client: str) -> int | None:
-        reset = await self._window.test(self.item, "authfail", client)
-        return None if reset is None else _retry_after(reset)
+    @property
+    def remembered(self) -> int:
+        """Addresses held in this process's memory (bounded by ``MEMORY_CAPACITY``)."""
+        return len(self._window.local)
 
-    async def failed(self, client: str) -> None:
-        await self._window.hit(self.item, "authfail", client)
+    async def failed(self, client: str) -> int | None:
+        reset = await self._window.hit(self.item, "authfail", client)
+        return None if reset is None else _retry_after(reset)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -32,8 +33,58 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+class _NonFinite:
+    """A number JSON text can spell but not carry (``1e400``, ``NaN``, ``Infinity``)."""
+
+
+class _Duplicated(dict[str, Any]):
+    """An object in which a name appeared more than once (listed in ``names``)."""
+
+    names: list[str]
+
+
+def _number(text: str) -> Any:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite()
+
+
+def _constant(_text: str) -> Any:
+    return _NonFinite()
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    decoded = dict(pairs)
+    if len(decoded) == len(pairs):
+        return decoded
+    duplicated = _Duplicated(decoded)
+    seen: set[str] = set()
+    duplicated.names = []
+    for name, _value in pairs:
+        if name in seen:
+            duplicated.names.append(name)
+        seen.add(name)
+    return duplicated
+
+
+def _ambiguities(data: Any) -> list[dict[str, Any]]:
+    """Duplicate object names and non-finite numbers, each named by its place in the body.
+    Either would make the body mean something else than it says (the last duplicate wins in
+    one parser, the first in another; infinity is not JSON and fingerprints like null)."""
+    errors: list[dict[str, Any]] = []
+    stack: list[tuple[Any, list[str | int]]] = [(data, [])]
+    while stack:
+        item, loc = stack.pop()
+        if isinstance(item, _NonFinite):
+            message = "must be a finite number"
+            errors.append({"loc": loc, "msg": message, "type": "finite_number"})
+        elif isinstance(item, dict):
+            for name in getattr(item, "names", ()):
+                message = f"{name!r} appears more than once in the object"
+                errors.append({"loc": [*loc, name], "msg": message, "type": "duplicate_key"})
+            stack.extend((value, [*loc, name]) for name, value in item.items())
+        elif isinstance(item, list):
+            stack.extend((value, [*loc, index]) for index, value in enumerate(item))
+    return sorted(errors, key=lambda error: [str(part) for part in error["loc"]])
 
 
 def _invalid(message: str, loc: list[str | int] | None = None) -> ApiError:
@@ -46,9 +97,12 @@ def _invalid(message: str, loc: list[str | int] | None = None) -> ApiError:
 
 
 def decode(raw: bytes) -> TransactionCreate:
-    """JSON → PAN scan → schema, in that order: a PAN is refused before anything echoes."""
+    """JSON → PAN scan → unambiguous JSON → schema, in that order: a PAN is refused before
+    anything echoes, and a body that means two things is refused before it is fingerprinted."""
     try:
-        data = json.loads(raw, parse_constant=_reject_constant)
+        data = json.loads(
+            raw, parse_float=_number, parse_constant=_constant, object_pairs_hook=_object
+        )
     except (ValueError, RecursionError):
         raise _invalid("The body is not valid JSON.") from None
     if contains_pan(data):
@@ -60,6 +114,13 @@ def decode(raw: bytes) -> TransactionCreate:
         )
     if not isinstance(data, dict):
         raise _invalid("The body must be a JSON object.")
+    if ambiguities := _ambiguities(data):
+        raise ApiError(
+            422,
+            "validation_error",
+            "The body has duplicate names or non-finite numbers; see errors.",
+            extra={"errors": ambiguities},
+        )
     try:
         return TransactionCreate.model_validate(data)
     except ValidationError as exc:
