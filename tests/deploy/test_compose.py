@@ -4,6 +4,7 @@ no secret committed."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import subprocess
@@ -173,3 +174,14 @@ def test_the_audit_exports_then_submits_the_daily_job(services: Services, tmp_pa
     args = daily_audit.parse_args(submit[job + 1 :])
     assert args.start == args.end and args.start.isoformat() in days
     assert args.lake == "/lake" and args.out == Path(f"/lake/audit/{args.start}")
+
+
+def test_the_api_trusts_x_forwarded_for_from_the_proxy_alone(services: Services) -> None:
+    """Without it every client is nginx's address; with more, any peer could pick one."""
+    proxy = services["proxy"]["networks"]["default"]["ipv4_address"]
+    (pool,) = compose(COMPOSE_ENV)["networks"]["default"]["ipam"]["config"]
+    assert ipaddress.ip_address(proxy) in ipaddress.ip_network(pool["subnet"])
+    for name in ("api-1", "api-2"):
+        assert services[name]["environment"]["FORWARDED_ALLOW_IPS"] == proxy, name
+    conf = (DEPLOY / "nginx" / "idempay.conf").read_text()
+    assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in conf

@@ -5,6 +5,7 @@ the port the probes and the Service use, unprivileged, and with no secret commit
 from __future__ import annotations
 
 import copy
+import ipaddress
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -133,7 +134,7 @@ def test_each_process_gets_the_settings_it_needs() -> None:
 
 def test_configmaps_hold_known_settings_and_no_secrets() -> None:
     config = find(render_base(), "ConfigMap", "idempay-config")["data"]
-    assert set(config) <= SETTINGS_ENV
+    assert set(config) <= SETTINGS_ENV | {"FORWARDED_ALLOW_IPS"}  # uvicorn's own
     assert not set(config) & SECRET_KEYS
     for doc in render_base():
         assert doc["kind"] != "Secret", "the base commits no Secret"
@@ -256,3 +257,15 @@ def test_overlay_images_are_the_locally_built_ones() -> None:
     assert images == {"idempay:local", "idempay-spark:local"}
     base = {s["image"] for d in render_base() for s in kustomize.containers(d)}
     assert base == {"idempay:0.1.0", "idempay-spark:0.1.0"}
+
+
+def test_the_api_trusts_x_forwarded_for_from_named_proxies_only() -> None:
+    """Set (or every client is the ingress's address), and a list of real networks: never
+    "*" nor a catch-all, under which any peer could pick its address."""
+    for docs in (render_base(), render_local()):
+        doc = find(docs, "Deployment", "idempay-api")
+        env = container_env(docs, doc, container(doc, "api"), external=EXTERNAL)
+        trusted = [
+            ipaddress.ip_network(part.strip()) for part in env["FORWARDED_ALLOW_IPS"].split(",")
+        ]
+        assert trusted and all(network.prefixlen >= 8 for network in trusted), trusted
