@@ -11,10 +11,12 @@ in the window ÷ creates in the window; each layer gets its share of py-spy's sa
 (``loadtest/_bench_layers.py`` says which frame goes where).
 
 Round trips: the same app in-process (``httpx.ASGITransport``), 300 sequential creates after
-100 warm-up ones, counting what the engine sends (SQLAlchemy's ``before_cursor_execute``,
-``begin``, ``commit`` and ``rollback`` events): every statement, BEGIN and COMMIT is one
-round trip to Postgres (asyncpg's prepared statements are cached per connection after
-warm-up) or one hop to aiosqlite's thread. Request-event flushes are counted apart.
+100 warm-up ones. Statements are counted from SQLAlchemy's ``before_cursor_execute`` events
+(the SQL the request path issues, BEGIN IMMEDIATE included on SQLite); the wire is counted
+apart: on Postgres the engine connects through a counting TCP relay on loopback (one round
+trip = one client write the server must answer before asyncpg sends the next), on SQLite
+each ``aiosqlite`` call handed to its worker thread (statement, fetch, commit, cursor) is one
+hop. Request-event flushes (one batch for all 300 creates here) are counted apart.
 """
 
 from __future__ import annotations
@@ -78,13 +80,57 @@ def _profile(server: Server, api_key: str, args: argparse.Namespace, raw: Path) 
     }
 
 
+class _Relay:
+    """A loopback TCP relay to Postgres that counts the client's writes (its round trips)."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 5432)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: bool) -> None:
+            while data := await src.read(65536):
+                self.writes += count
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(
+            pipe(reader, up_writer, True), pipe(up_reader, writer, False), return_exceptions=True
+        )
+
+
+def _count_aiosqlite_hops(counter: list[int]) -> Any:
+    import aiosqlite.core
+
+    original = aiosqlite.core.Connection._execute
+
+    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        counter[0] += 1
+        return await original(self, fn, *args, **kwargs)
+
+    aiosqlite.core.Connection._execute = counted
+    return original
+
+
 async def _round_trips(url: str, api_key: str, creates: int = 300) -> dict[str, Any]:
+    import aiosqlite.core
     import httpx
     from sqlalchemy import event
 
     from api.config import Settings
     from api.main import create_app
 
+    relay, hops = _Relay(), [0]
+    if url.startswith("postgresql"):
+        url = url.replace("127.0.0.1:5432", f"127.0.0.1:{await relay.start()}")
+    original = _count_aiosqlite_hops(hops)
     settings = Settings(
         database_url=url,
         log_level="WARNING",
@@ -103,8 +149,6 @@ async def _round_trips(url: str, api_key: str, creates: int = 300) -> dict[str, 
             table = next((w for w in words[1:6] if w.strip('"').islower()), "")
             counts[" ".join(words[:1]).upper() + " " + table.strip('"(')] += 1
 
-        for name in ("begin", "commit", "rollback"):
-            event.listen(engine, name, lambda *_a, _n=name: counts.update([_n.upper()]))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
 
@@ -124,17 +168,24 @@ async def _round_trips(url: str, api_key: str, creates: int = 300) -> dict[str, 
                 await create(n)
             await app.state.ctx.events.drain()
             counts.clear()
+            wire_before = relay.writes + hops[0]
             for n in range(creates):
                 await create(n)
+            wire = relay.writes + hops[0] - wire_before
             request_path = dict(counts)
             counts.clear()
             await app.state.ctx.events.drain()
             events = dict(counts)
+    aiosqlite.core.Connection._execute = original
+    if relay.server is not None:
+        relay.server.close()
     per_create = {k: v / creates for k, v in sorted(request_path.items())}
     return {
         "creates": creates,
         "per_create": per_create,
-        "round_trips_per_create": sum(per_create.values()),
+        "statements_per_create": sum(per_create.values()),
+        "round_trips_per_create": wire / creates,
+        "round_trip_unit": "client writes to Postgres" if relay.server else "aiosqlite hops",
         "event_flush_total": events,
     }
 
@@ -174,7 +225,10 @@ def _print(name: str, result: dict[str, Any]) -> None:
     )
     for layer, figure in sorted(p["layers"].items(), key=lambda kv: -kv[1]["us"]):
         say(f"  {layer:<20} {figure['us']:>7,.0f} µs  {figure['pct']:5.1f} %")
-    say(f"  round trips per create: {t['round_trips_per_create']:.2f}")
+    say(
+        f"  per create: {t['statements_per_create']:.2f} statements, "
+        f"{t['round_trips_per_create']:.2f} round trips ({t['round_trip_unit']})"
+    )
     for statement, count in t["per_create"].items():
         say(f"    {count:5.2f}  {statement}")
     say(f"  request-event flush for {t['creates']} creates: {t['event_flush_total']}")
