@@ -6,6 +6,7 @@ One definition shared by ``idempay export`` (the server's data), ``idempay lake 
     LAKE/request_events/event_date=YYYY-MM-DD/part-0.parquet   (by ts, UTC)
     LAKE/transactions/event_date=YYYY-MM-DD/part-0.parquet     (by created_at, UTC)
     LAKE/ledger_entries/event_date=YYYY-MM-DD/part-0.parquet   (by created_at, UTC)
+    LAKE/<table>/event_date=YYYY-MM-DD/_manifest.json, _SUCCESS (analytics.manifest)
 
 The partition column lives only in the directory name (Hive style); the files hold exactly
 the contract's columns. A partition is replaced atomically: the new file is written under a
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from analytics import manifest
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 PART_FILE = "part-0.parquet"
@@ -97,7 +100,9 @@ def write_partition(
     """Replace ``table``'s partition for ``day`` with ``batches``; returns (file, rows).
 
     An empty iterable writes an empty file with the schema: the day was exported and had
-    nothing, which a later re-export must be able to overwrite too.
+    nothing, which a later re-export must be able to overwrite too. The file, its manifest
+    and ``_SUCCESS`` are fsync'd, swapped in, and the directories fsync'd, before this
+    returns: a caller may then record the rows as durable in the lake.
     """
     schema = TABLES[table]
     final = partition_dir(lake, table, day)
@@ -111,31 +116,77 @@ def write_partition(
                 part = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
                 writer.write_table(part.cast(schema))
                 rows += part.num_rows
-        _fsync(tmp / PART_FILE)
+        entry = manifest.describe(tmp / PART_FILE, rows)
+        (tmp / manifest.MANIFEST).write_text(
+            manifest.render(table, day, schema.names, [entry]), encoding="utf-8"
+        )
+        (tmp / manifest.SUCCESS).touch()
+        for name in (PART_FILE, manifest.MANIFEST, manifest.SUCCESS):
+            fsync_path(tmp / name)
+        fsync_path(tmp)
         _swap_in(tmp, final)
+        fsync_path(final)
+        fsync_path(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final / PART_FILE, rows
 
 
+def read_partition(lake: Path, table: str, day: date) -> pa.Table | None:
+    """What the lake holds for ``table`` on ``day`` (every Parquet file of the partition),
+    cast to the contract; None when the partition does not exist. Raises
+    ``PartitionUnreadable`` when a file cannot be read as the contract."""
+    schema = TABLES[table]
+    final = partition_dir(lake, table, day)
+    if not final.is_dir():
+        return None
+    parts = []
+    for path in sorted(final.glob("*.parquet")):
+        try:
+            found = pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise PartitionUnreadable(f"{path}: not readable as Parquet ({exc})") from exc
+        missing = [name for name in schema.names if name not in found.schema.names]
+        if missing:
+            raise PartitionUnreadable(f"{path}: lacks contract column(s) {', '.join(missing)}")
+        try:
+            parts.append(found.select(schema.names).cast(schema))
+        except (pa.ArrowException, ValueError) as exc:
+            raise PartitionUnreadable(
+                f"{path}: columns do not cast to the contract ({exc})"
+            ) from exc
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+class PartitionUnreadable(Exception):
+    """An existing partition that cannot be merged with: the caller must not replace it."""
+
+
+_KEEP = {PART_FILE, manifest.MANIFEST, manifest.SUCCESS}
+
+
 def _swap_in(tmp: Path, final: Path) -> None:
-    """Atomic on POSIX: a new day is one directory rename, an existing day one file rename."""
+    """A new day is one directory rename; an existing day has its data file replaced by one
+    rename, then its manifest and _SUCCESS (a reader between the two sees a checksum
+    mismatch, never a silent mix)."""
     try:
         os.rename(tmp, final)
         return
     except OSError:
         if not final.is_dir():
             raise
-    os.replace(tmp / PART_FILE, final / PART_FILE)
+    for name in (PART_FILE, manifest.MANIFEST, manifest.SUCCESS):
+        os.replace(tmp / name, final / name)
     for stray in final.iterdir():  # files an older writer left under other names
-        if stray.name != PART_FILE:
+        if stray.name not in _KEEP:
             if stray.is_dir():
                 shutil.rmtree(stray)
             else:
                 stray.unlink()
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes its renames durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

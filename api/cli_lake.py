@@ -39,21 +39,30 @@ def export_command(
 ) -> None:
     """Write one UTC day of request events, transactions and ledger entries to the lake."""
     from api.db import create_engine
-    from api.events.export import export_day
+    from api.events.export import ExportRefusedError, export_day
 
     settings = Settings()
     when = _day(day, "--date")
 
+    def say_waiting(message: str) -> None:
+        typer.echo(message, err=True)
+
     async def run() -> Any:
         engine = create_engine(settings)
         try:
-            return await export_day(engine, lake_dir, when)
+            return await export_day(engine, lake_dir, when, on_wait=say_waiting)
         finally:
             await engine.dispose()
 
-    result = asyncio.run(run())
+    try:
+        result = asyncio.run(run())
+    except ExportRefusedError as exc:
+        typer.echo(f"export refused: {exc}", err=True)
+        raise typer.Exit(2) from None
     for table, path in result.files.items():
-        typer.echo(f"{table}: {result.rows[table]} rows → {path}")
+        kept = result.kept_from_lake.get(table, 0)
+        note = f" ({kept} kept from the lake, no longer in the database)" if kept else ""
+        typer.echo(f"{table}: {result.rows[table]} rows{note} → {path}")
     typer.echo(f"request events marked exported: {result.marked}")
 
 

@@ -95,7 +95,9 @@ def _sqlite_engine(url: str) -> AsyncEngine:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A long read (the lake export) asks for a plain BEGIN: a WAL snapshot, no write lock.
+        deferred = conn.get_execution_options().get("sqlite_deferred_begin", False)
+        conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
     return engine
 
