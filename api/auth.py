@@ -37,12 +37,17 @@ from api.ratelimit import AuthFailureLimiter, rate_limited
 
 CACHE_SECONDS = 60.0
 UNPARSEABLE_ADDRESS = "unparseable"
-UNAUTHORIZED = ApiError(
-    401,
-    "unauthorized",
-    "Send Authorization: Bearer <api key>.",
-    headers={"WWW-Authenticate": "Bearer"},
-)
+
+
+def unauthorized() -> ApiError:
+    """A new 401 each time: one shared exception object raised again and again would keep
+    every failed request's frames alive through its ever-growing ``__traceback__``."""
+    return ApiError(
+        401,
+        "unauthorized",
+        "Send Authorization: Bearer <api key>.",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def hash_key(api_key: str) -> str:
@@ -109,7 +114,7 @@ class Authenticator:
         """(merchant_id, key_hash) for a ``Bearer`` header, or raise 401."""
         digest = _digest_of(authorization)
         if digest is None:
-            raise UNAUTHORIZED
+            raise unauthorized()
         return await self._merchant_for(digest), digest
 
     async def _merchant_for(self, digest: str) -> str:
@@ -125,7 +130,7 @@ class Authenticator:
                 )
             ).first()
         if row is None or not hmac.compare_digest(row.key_hash, digest):
-            raise UNAUTHORIZED
+            raise unauthorized()
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[digest] = (row.merchant_id, time.monotonic() + CACHE_SECONDS)

@@ -16,19 +16,23 @@ from api.transactions.schemas import TransactionCreate
 MAX_BODY_BYTES = 16 * 1024
 NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
 
-_TOO_LARGE = ApiError(413, "payload_too_large", "The request body is over 16 KiB.")
+
+def _too_large() -> ApiError:
+    # A new error each time: a shared one, raised again and again, would keep every refused
+    # request's frames alive through its ever-growing __traceback__.
+    return ApiError(413, "payload_too_large", "The request body is over 16 KiB.")
 
 
 async def read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _TOO_LARGE
+        raise _too_large()
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise _TOO_LARGE
+            raise _too_large()
         chunks.append(chunk)
     return b"".join(chunks)
 
