@@ -1,3 +1,4 @@
+# ruff: noqa: T201, E501
 """Prototype (not wired into the app): the inline create's storage work as ONE statement.
 
     python -m loadtest.prototypes.fastpath_pg [--rounds 3] [--seconds 4] [--concurrency 50]
@@ -132,19 +133,27 @@ async def _main(args: argparse.Namespace, database: str, merchant_id: str) -> No
     )
     variants = {"live": ctx.service.create, "cte": Cte(pool, ctx.service).create}
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    for name, create in variants.items():  # warm-up: prepared statements, caches
+    for create in variants.values():  # warm-up: prepared statements, caches
         await _drive(create, merchant_id, 1.0, args.concurrency)
     for number in range(args.rounds):
         order = list(variants) if number % 2 == 0 else list(variants)[::-1]
         for name in order:
-            done, cpu, wall = await _drive(variants[name], merchant_id, args.seconds, args.concurrency)  # type: ignore[misc]
+            done, cpu, wall = await _drive(
+                variants[name], merchant_id, args.seconds, args.concurrency
+            )  # type: ignore[misc]
             results[name].append((done / wall, 1e6 * cpu / done))
-            print(f"round {number + 1} {name:<5} {done / wall:8,.0f}/s  {1e6 * cpu / done:7,.0f} CPU µs/create")  # noqa: T201
+            print(
+                f"round {number + 1} {name:<5} {done / wall:8,.0f}/s  {1e6 * cpu / done:7,.0f} CPU µs/create"
+            )
     for name, rows in results.items():
-        print(f"{name:<5} median {statistics.median(r[0] for r in rows):8,.0f}/s  {statistics.median(r[1] for r in rows):7,.0f} CPU µs/create")  # noqa: T201
+        print(
+            f"{name:<5} median {statistics.median(r[0] for r in rows):8,.0f}/s  {statistics.median(r[1] for r in rows):7,.0f} CPU µs/create"
+        )
     paired = [c[0] / live[0] for c, live in zip(results["cte"], results["live"], strict=True)]
     cpu = [c[1] / live[1] for c, live in zip(results["cte"], results["live"], strict=True)]
-    print(f"cte ÷ live: rate {statistics.median(paired):.2f} (per round {min(paired):.2f}–{max(paired):.2f}), CPU per create {statistics.median(cpu):.2f}")  # noqa: T201
+    print(
+        f"cte ÷ live: rate {statistics.median(paired):.2f} (per round {min(paired):.2f}–{max(paired):.2f}), CPU per create {statistics.median(cpu):.2f}"
+    )
     counts = await pool.fetchrow(
         "SELECT (SELECT count(*) FROM idempotency_key) AS keys,"
         " (SELECT count(*) FROM issuer_authorization) AS issuer,"
@@ -152,7 +161,7 @@ async def _main(args: argparse.Namespace, database: str, merchant_id: str) -> No
         " (SELECT count(*) FROM ledger_entry) AS ledger,"
         " (SELECT count(*) FROM outbox_event) AS outbox"
     )
-    print("rows (must all be equal):", dict(counts))  # noqa: T201
+    print("rows (must all be equal):", dict(counts))
     await pool.close()
     await ctx.engine.dispose()
 
