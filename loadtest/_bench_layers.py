@@ -35,6 +35,7 @@ LAYERS = (
 
 # (substring of "function (path)", layer), tried in order against each frame, leaf first.
 _MARKERS: tuple[tuple[str, str], ...] = (
+    ("Runner.run (", "event loop / other"),  # uvloop's own time: the loop is native code
     ("prometheus_client/", "metrics"),
     ("api/metrics.py", "metrics"),
     ("structlog/", "logs"),
