@@ -126,7 +126,11 @@ async def _purge_forever(ctx: AppContext) -> None:
     while True:
         await asyncio.sleep(ctx.settings.purge_interval)
         try:
-            report = await purge(ctx.engine, retention_seconds=ctx.settings.tombstone_retention)
+            report = await purge(
+                ctx.engine,
+                retention_seconds=ctx.settings.tombstone_retention,
+                tolerance_seconds=ctx.settings.clock_skew_tolerance,
+            )
             log.info(
                 "retention_purge",
                 tombstones=report.tombstones,
@@ -145,7 +149,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx = build_context(settings)
         app.state.ctx = ctx
-        tasks = [asyncio.create_task(ctx.events.run_forever(), name="events")]
+        events = asyncio.create_task(ctx.events.run_forever(), name="events")
+        tasks: list[asyncio.Task[None]] = []
         if settings.completer_enabled:
             completer = Completer(ctx.service, interval=settings.completer_interval)
             app.state.completer = completer
@@ -157,8 +162,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await ctx.events.drain()
+            await ctx.events.close(events)  # finishes the flush under way, then drains
             if ctx.redis is not None:
                 await ctx.redis.aclose()
             await ctx.engine.dispose()

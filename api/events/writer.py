@@ -1,20 +1,30 @@
 """Request events (SPEC §5): one per request, appended through a bounded in-memory queue
 and flushed in batches by a background task, so the request path never waits on them.
 
-A process killed with SIGKILL loses at most one flush interval of events (never a payment:
-events are an audit log, the key and transaction rows are the record). A full queue drops
-new events and counts them in ``idempay_events_dropped_total``.
+Each event gets its ``event_id`` when it is recorded, and the flush inserts with
+``ON CONFLICT (event_id) DO NOTHING``: a batch retried after an error — even one whose
+COMMIT succeeded and whose reply was lost — lands once. A flush that fails or is
+cancelled puts its batch back on the queue.
+
+Shutdown (``close``) stops the periodic loop, lets a flush under way finish and drains the
+queue, within a deadline; only events still queued at the deadline are lost, and counted
+in the log. A process killed with SIGKILL loses what it had not flushed (at most one flush
+interval of events; never a payment: events are an audit log, the key and transaction rows
+are the record). A full queue drops new events and counts them in
+``idempay_events_dropped_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from typing import Any
 
 import structlog
-from sqlalchemy import insert
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.db import atomic
@@ -22,6 +32,11 @@ from api.metrics import EVENTS_DROPPED
 from api.models import RequestEvent
 
 log = structlog.get_logger("idempay.events")
+SHUTDOWN_DRAIN_SECONDS = 10.0
+
+
+def _new_event_id() -> str:
+    return str(uuid.uuid4())
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +51,12 @@ class Event:
     attempt: int | None
     network: str | None
     latency_ms: float
+    event_id: str = field(default_factory=_new_event_id)  # minted once, when recorded
+
+
+def _insert_once(dialect: str) -> Any:
+    module = postgresql if dialect == "postgresql" else sqlite
+    return module.insert(RequestEvent).on_conflict_do_nothing(index_elements=["event_id"])
 
 
 class EventWriter:
@@ -51,6 +72,8 @@ class EventWriter:
         self._batch_size = batch_size
         self._interval = interval
         self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=max_queue)
+        self._insert = _insert_once(engine.dialect.name)
+        self._closing = asyncio.Event()
 
     def record(self, event: Event) -> None:
         try:
@@ -64,24 +87,52 @@ class EventWriter:
             batch.append(self._queue.get_nowait())
         if not batch:
             return 0
-        rows = [{"event_id": str(uuid.uuid4()), **asdict(event)} for event in batch]
+        rows = [asdict(event) for event in batch]
         try:
             async with atomic(self._engine) as conn:
-                await conn.execute(insert(RequestEvent), rows)
+                await conn.execute(self._insert, rows)
         except Exception as exc:  # storage down: put them back, try on the next tick
             log.warning("event_flush_failed", error=type(exc).__name__, events=len(rows))
-            for event in batch:
-                self.record(event)
+            self._put_back(batch)
             return 0
+        except BaseException:  # cancelled mid-INSERT: the batch goes back, same ids
+            self._put_back(batch)
+            raise
         return len(rows)
 
+    def _put_back(self, batch: list[Event]) -> None:
+        for event in batch:
+            self.record(event)
+
     async def run_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
+        """Flush every ``interval`` until ``close``; then drain what is queued."""
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self._interval)
             while await self.flush() == self._batch_size:
                 pass
+        await self.drain()
 
     async def drain(self) -> None:
         while not self._queue.empty():
             if await self.flush() == 0:
                 return
+
+    async def close(
+        self, runner: asyncio.Task[None], *, deadline: float = SHUTDOWN_DRAIN_SECONDS
+    ) -> int:
+        """Stop ``runner`` (the ``run_forever`` task) without cutting a flush short: it
+        finishes the flush under way and drains the queue, for at most ``deadline``
+        seconds. Returns how many events were left unwritten."""
+        self._closing.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(runner), deadline)
+        except TimeoutError:
+            runner.cancel()
+        except Exception as exc:  # the runner died: still report what is left
+            log.warning("event_writer_failed", error=type(exc).__name__)
+        await asyncio.gather(runner, return_exceptions=True)
+        left = self._queue.qsize()
+        if left:
+            log.warning("events_lost_at_shutdown", events=left, deadline_s=deadline)
+        return left
