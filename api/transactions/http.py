@@ -64,7 +64,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: set[str] = set()
     duplicated.names = []
     for name, _value in pairs:
-        if name in seen:
+        if name in seen and name not in duplicated.names:
             duplicated.names.append(name)
         seen.add(name)
     return duplicated

@@ -11,6 +11,7 @@ import sys
 import time
 from collections import defaultdict
 
+import pytest
 import redis
 
 from api.outbox.relay import consume
@@ -130,5 +131,23 @@ def test_rate_limit_falls_back_to_memory_while_redis_is_down(
         log = server.log_path.read_text()
         # one warning per circuit trip (1 s), not one per request
         assert 1 <= log.count("rate_limit_degraded") < len(answers)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("store", ["redis", "memory"])
+def test_a_create_counts_once_against_the_per_key_limit(
+    pg_backend: Backend, shared_redis: dict[str, str], store: str
+) -> None:
+    """``20/minute`` lets 20 creates through, as it lets 20 lookups (issue 23, item 4)."""
+    env = shared_redis if store == "redis" else {"IDEMPAY_REDIS_URL": ""}
+    server = pg_backend.server(**env, IDEMPAY_RATE_LIMIT="20/minute")
+    try:
+        api = Api(server.url, pg_backend.api_key(f"merchant-rl-once-{store}"))
+        statuses = [
+            api.create(new_key(), body(terminal_id=f"T-{n}")).status_code for n in range(20)
+        ]
+        assert statuses == [201] * 20, statuses
+        assert_problem(api.create(new_key()), 429, "rate_limited")
     finally:
         server.stop()

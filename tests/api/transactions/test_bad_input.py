@@ -221,3 +221,49 @@ def test_a_numeric_timestamp_is_422_not_read_as_unix_seconds(
     response = deployment.a.create(key, body(**{field: value}))
     assert_problem(response, 422, "validation_error")
     _no_trace(deployment, key)
+
+
+def _spliced(**fields: str) -> bytes:
+    """The spec's body as JSON text, with ``fields`` spliced in verbatim before its end."""
+    text = json.dumps(body())[:-1]
+    return (text + "".join(f', "{name}": {raw}' for name, raw in fields.items()) + "}").encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "loc"),
+    [
+        # the last "amount" wins in json.loads: 999,999 charged for a body that says 1
+        (b'{"amount": 1, ' + _spliced(amount="999999")[1:], ["amount"]),
+        (_spliced(metadata='{"order": "A", "order": "B"}'), ["metadata", "order"]),
+        (_spliced(card='{"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}'), ["card"]),
+    ],
+    ids=["amount", "metadata", "card"],
+)
+def test_duplicate_names_are_422_naming_the_field(
+    deployment: Deployment, raw: bytes, loc: list[str]
+) -> None:
+    key = new_key()
+    problem = assert_problem(_raw(deployment, key, raw), 422, "validation_error")
+    assert [err["loc"] for err in problem["errors"]] == [loc]
+    assert deployment.a.lookup(key).status_code == 404
+    _no_trace(deployment, key)
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_are_422_naming_the_field(deployment: Deployment, number: str) -> None:
+    key = new_key()
+    raw = json.dumps(body(metadata={"x": "PLACEHOLDER"})).replace('"PLACEHOLDER"', number)
+    problem = assert_problem(_raw(deployment, key, raw.encode()), 422, "validation_error")
+    assert [err["loc"] for err in problem["errors"]] == [["metadata", "x"]]
+    _no_trace(deployment, key)
+
+
+def test_an_infinite_number_never_replays_a_different_body(deployment: Deployment) -> None:
+    """``1e400`` fingerprinted like ``null``: another body replayed instead of 422
+    ``idempotency_key_reused``. Now it is refused before the fingerprint, nothing stored."""
+    key = new_key()
+    first = deployment.a.create(key, body(metadata={"x": None}))
+    assert first.status_code == 201, first.text
+    raw = json.dumps(body(metadata={"x": "PLACEHOLDER"})).replace('"PLACEHOLDER"', "1e400")
+    assert_problem(_raw(deployment, key, raw.encode()), 422, "validation_error")
+    assert deployment.a.lookup(key).json()["status"] == "approved"
