@@ -16,15 +16,20 @@ terminals' journals, and returns an ``InvariantReport``:
 |                            | reported ``in_doubt`` that no journal settled)                |
 | ``ledger_balanced``        | per merchant and currency, Σ ledger ≠ approved purchases −    |
 |                            | approved refunds − reversals (signed)                         |
+| ``one_charge_per_sale``    | a sale (``metadata.sale_id`` in the journals) with more than  |
+|                            | one approved transaction: a customer charged twice           |
 
 Everything is scoped to ``merchant_ids`` so a run can be checked on a shared database.
+``restored_away``: keys reported while a database restore took back what they committed
+(between the dump and the restore); the database may lack them, and must not hold them
+twice.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +57,7 @@ INVARIANTS = (
     "aborted_not_processed",
     "journal_definitive",
     "ledger_balanced",
+    "one_charge_per_sale",
 )
 PROCESSED = frozenset({"approved", "declined", "reversed"})
 NOT_DEFINITIVE = frozenset({"open", "in_doubt"})
@@ -99,6 +105,7 @@ class InvariantReport:
     lost: int
     ledger: tuple[LedgerBalance, ...]
     failures: Mapping[str, int]
+    sales: int = 0  # sales the journals name (``metadata.sale_id``)
     violations: tuple[Violation, ...] = field(default=())
 
     @property
@@ -150,6 +157,7 @@ async def check_invariants(
     merchant_ids: Sequence[str],
     reported: Mapping[str, str] | None = None,
     journals: Sequence[str | os.PathLike[str]] = (),
+    restored_away: Collection[str] = frozenset(),
 ) -> InvariantReport:
     """Check SPEC §8 for ``merchant_ids``. ``reported`` maps each key to what the SDK
     reported (approved | declined | reversed | aborted; in_doubt counts as not definitive;
@@ -163,7 +171,8 @@ async def check_invariants(
     claims = {**(reported or {}), **from_journals}
     checker = _Checker()
     async with engine.connect() as conn:
-        await _check_reported(conn, merchants, claims, checker)
+        await _check_reported(conn, merchants, claims, checker, restored_away)
+        sales = await _check_sales(conn, merchants, entries, checker)
         charges = await _check_charges(conn, merchants, checker)
         aborted, processing = await _check_keys(conn, merchants, checker)
         ledger = await _ledger_balances(conn, merchants)
@@ -191,6 +200,7 @@ async def check_invariants(
         duplicates=checker.duplicates,
         lost=checker.lost,
         ledger=tuple(ledger),
+        sales=sales,
         failures={name: checker.counts[name] for name in INVARIANTS},
         violations=tuple(checker.violations),
     )
@@ -214,6 +224,7 @@ async def _check_reported(
     merchants: tuple[str, ...],
     claims: Mapping[str, str],
     checker: _Checker,
+    restored_away: Collection[str] = frozenset(),
 ) -> None:
     keys = [key for key, claim in claims.items() if claim in PROCESSED or claim == "aborted"]
     found: dict[str, list[str]] = {}
@@ -228,6 +239,8 @@ async def _check_reported(
             found.setdefault(txn_id, []).append(status)
     for key in keys:
         claim, statuses = claims[key], found.get(key, [])
+        if key in restored_away and len(statuses) <= 1:
+            continue  # the restore took it back (or it was processed again, once)
         if claim == "aborted":
             if statuses:
                 checker.fail("reported_exactly_once", key, f"reported aborted, held {statuses}")
@@ -237,6 +250,42 @@ async def _check_reported(
         elif statuses != [claim]:
             checker.lost += 1
             checker.fail("reported_exactly_once", key, f"reported {claim}, held {statuses}")
+
+
+async def _check_sales(
+    conn: AsyncConnection,
+    merchants: tuple[str, ...],
+    entries: Sequence[JournalEntry],
+    checker: _Checker,
+) -> int:
+    """No customer charged twice for one sale: approved transactions per journal sale id
+    (a cashier who re-runs a sale mints a new key for the same sale)."""
+    sale_of = {e.key: sale for e in entries if (sale := _sale_id(e)) is not None}
+    approved: Counter[str] = Counter()
+    keys = list(sale_of)
+    for start in range(0, len(keys), _CHUNK):
+        rows = await conn.execute(
+            select(Transaction.id).where(
+                Transaction.merchant_id.in_(merchants),
+                Transaction.id.in_(keys[start : start + _CHUNK]),
+                Transaction.status == "approved",
+            )
+        )
+        approved.update(sale_of[txn_id] for (txn_id,) in rows)
+    for sale, count in sorted(approved.items()):
+        if count > 1:
+            keys_of = sorted(k for k, s in sale_of.items() if s == sale)
+            checker.fail("one_charge_per_sale", sale, f"{count} approved charges: {keys_of}")
+    return len(set(sale_of.values()))
+
+
+def _sale_id(entry: JournalEntry) -> str | None:
+    try:
+        metadata = entry.request.get("metadata") or {}
+    except ValueError:
+        return None
+    sale = metadata.get("sale_id") if isinstance(metadata, dict) else None
+    return sale if isinstance(sale, str) else None
 
 
 async def _check_charges(

@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -38,7 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from client_sdk import APIError, Client, Journal, JournalState, PaymentAborted, PaymentInDoubt
+from api.simulate_reboot import run_rebooting, sell_after_reboot
+from client_sdk import (
+    APIError,
+    Client,
+    Journal,
+    JournalError,
+    JournalState,
+    PaymentAborted,
+    PaymentInDoubt,
+)
 from client_sdk.faults import FaultyTransport
 from loadtest.chaos_proxy import ChaosProxy, ProxyThread
 
@@ -65,6 +76,7 @@ class FleetConfig:
     loss: float = 0.035
     via_proxy: bool = False
     kill_clients: bool = False
+    reboot_terminals: bool = False
     seed: int = 1
     decline_share: float = 0.05
     slow_share: float = 0.0
@@ -111,6 +123,7 @@ class FleetResult:
     elapsed_s: float = 0.0
     killed: int = 0
     recovered: int = 0
+    reruns: int = 0  # sales a cashier re-ran after a reboot
 
     @property
     def payments(self) -> int:
@@ -125,6 +138,15 @@ class FleetResult:
         return extra / self.payments if self.payments else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Sale:
+    """What the customer buys; a cashier who re-runs it after a reboot re-runs this."""
+
+    sale_id: str
+    amount: int
+    card: dict[str, str]
+
+
 class CountingTransport(httpx.BaseTransport):
     """Counts what the SDK asks for (creates, resends, lookups, aborts, reversals)."""
 
@@ -132,6 +154,7 @@ class CountingTransport(httpx.BaseTransport):
         self.inner = inner
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
+        self.die: str | None = None  # SIGKILL this process on the next first create
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -139,6 +162,8 @@ class CountingTransport(httpx.BaseTransport):
             names = ["creates"]
             if int(request.headers.get("idempotency-attempt", "1")) > 1:
                 names.append("resends")
+            elif self.die is not None:
+                return self._die(request, after=self.die == "after")
         elif request.method == "GET":
             names = ["lookups"]
         elif path.endswith("/abort"):
@@ -152,6 +177,14 @@ class CountingTransport(httpx.BaseTransport):
             with self._lock:
                 self.counts[f"http_{response.status_code}"] += 1
         return response
+
+    def _die(self, request: httpx.Request, *, after: bool) -> httpx.Response:
+        """The terminal dies mid-payment: before the create leaves, or once it has been
+        answered (the answer is never read)."""
+        if after:
+            self.inner.handle_request(request).read()
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.inner.close()
@@ -217,21 +250,46 @@ class Terminal:
         inner = self._counting.inner
         return inner.stats if isinstance(inner, FaultyTransport) else {}
 
-    def sell(self) -> tuple[str, str]:
-        """One purchase: (key, approved | declined | aborted | in_doubt | rejected)."""
+    def next_sale(self) -> Sale:
+        """The next customer at the till: a sale id, an amount and a card."""
         card = _card(self._rng, self.config)
         amount = self._rng.randint(100, 50_000)
+        return Sale(f"{self.client.terminal_id}:{self._rng.getrandbits(64):016x}", amount, card)
+
+    def sell(self, sale: Sale | None = None) -> tuple[str, str]:
+        """One purchase (``sale``, or the next one): (key, approved | declined | aborted |
+        in_doubt | rejected | storage_error | journal_error). The key is "" when the
+        payment never reached the journal."""
+        sale = sale or self.next_sale()
+        journal = self.client.journal
+        before = len(journal.entries())
         try:
             result = self.client.purchase(
-                amount=amount, currency="BRL", card=card, deadline_s=self.config.deadline_s
+                amount=sale.amount,
+                currency="BRL",
+                card=sale.card,
+                deadline_s=self.config.deadline_s,
+                metadata={"sale_id": sale.sale_id},
             )
         except PaymentAborted as exc:
             return exc.key, "aborted"
         except PaymentInDoubt as exc:
             return exc.key, "in_doubt"
         except APIError:  # refused (a 4xx): journaled RESOLVED; the newest entry is this one
-            return self.client.journal.entries()[-1].key, "rejected"
+            return self._newest(before), "rejected"
+        except JournalError:
+            return self._newest(before), "journal_error"
+        except sqlite3.Error:  # the journal failed (disk full) and the SDK let it out raw
+            return self._newest(before), "storage_error"
         return result.id, result.status
+
+    def _newest(self, before: int) -> str:
+        """The key of the entry ``sell`` journaled, or "" when it journaled none."""
+        try:
+            entries = self.client.journal.entries()
+        except sqlite3.Error:
+            return ""
+        return entries[-1].key if len(entries) > before else ""
 
     def settle(self) -> dict[str, str]:
         """recover() what is left in doubt, like the terminal's next boot (bounded)."""
@@ -281,6 +339,10 @@ class _Tally:
         with self._lock:
             self.result.killed += 1
 
+    def rerun(self) -> None:
+        with self._lock:
+            self.result.reruns += 1
+
 
 @contextlib.contextmanager
 def _link(config: FleetConfig) -> Iterator[tuple[FleetConfig, ProxyThread | None]]:
@@ -328,8 +390,11 @@ def run_fleet(config: FleetConfig, *, console: Console | None = None) -> FleetRe
         task = progress.add_task("fleet", total=config.terminals * config.payments)
         tally = _Tally(result, lambda: progress.advance(task))
         started = time.perf_counter()
-        runner = _run_processes if config.kill_clients else _run_threads
-        runner(linked, tally)
+        if config.reboot_terminals:
+            run_rebooting(linked, tally, _run_all)
+        else:
+            runner = _run_processes if config.kill_clients else _run_threads
+            runner(linked, tally)
         result.elapsed_s = time.perf_counter() - started
         if proxy is not None:
             result.faults.update(proxy.stats)
@@ -446,6 +511,10 @@ def _child(argv: list[str]) -> None:
     parser.add_argument("--payments", type=int, required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--reboot", action="store_true", help="recover() first")
+    parser.add_argument("--die-at", type=int, help="die during this payment (1-based)")
+    parser.add_argument("--die-kind", choices=("before", "after"), default="before")
+    parser.add_argument("--rerun", help="after the reboot, the cashier re-runs this sale")
+    parser.add_argument("--rerun-kind", choices=("before", "after"), default="before")
     args = parser.parse_args(argv)
     config = FleetConfig.from_json(args.config)
     with contextlib.closing(Terminal(config, args.terminal, rebooted=args.reboot)) as pos:
@@ -456,10 +525,18 @@ def _child(argv: list[str]) -> None:
             sys.stdout.flush()
 
         if args.reboot:
-            for key, status in pos.settle().items():
+            settled = pos.settle()
+            for key, status in settled.items():
                 emit({"key": key, "status": status, "boot": True})
-        for _ in range(args.payments):
-            key, status = pos.sell()
+            if args.rerun:
+                sale = Sale(**json.loads(args.rerun))
+                sell_after_reboot(pos, settled, sale, args.rerun_kind, emit)
+        for number in range(1, args.payments + 1):
+            sale = pos.next_sale()
+            if number == args.die_at:
+                emit({"sale": asdict(sale)})
+                pos._counting.die = args.die_kind
+            key, status = pos.sell(sale)
             emit({"key": key, "status": status})
         for key, status in pos.settle().items():
             emit({"key": key, "status": status})

@@ -95,7 +95,8 @@ def default_workdir() -> Path:
 
 def describe(config: FleetConfig, result: FleetResult) -> str:
     link = "chaos proxy" if config.via_proxy else "fault transport"
-    killed = f", {result.killed} killed and rebooted" if config.kill_clients else ""
+    rebooting = config.kill_clients or config.reboot_terminals
+    killed = f", {result.killed} killed and rebooted" if rebooting else ""
     return (
         f"{config.terminals} terminals × {config.payments} payments, "
         f"loss {config.loss:.1%} via {link}{killed}, {result.elapsed_s:.1f} s"
@@ -124,10 +125,16 @@ def render(config: FleetConfig, result: FleetResult, report: InvariantReport) ->
         ("extra round trips/payment", f"{result.extra_round_trips:.3f}"),
         ("faults injected", str(_injected(result.faults))),
     ]
-    if config.kill_clients:
+    if config.kill_clients or config.reboot_terminals:
         rows += [
             ("clients killed", str(result.killed)),
             ("settled by recover() after kill", str(result.recovered)),
+        ]
+    if config.reboot_terminals:
+        rows += [
+            ("sales", str(report.sales)),
+            ("sales re-run by the cashier", str(result.reruns)),
+            ("customers charged twice", str(report.failures.get("one_charge_per_sale", 0))),
         ]
     rows += [(f"invariant {name}", "FAIL" if n else "ok") for name, n in report.failures.items()]
     table = Table()

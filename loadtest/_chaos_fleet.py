@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -35,23 +36,38 @@ from typing import Any
 import httpx
 
 from api.simulate import FleetConfig, Terminal
+from loadtest._chaos_lake import ProbeCreate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class Tally:
-    """What every terminal reported, thread-safe: key → last status the SDK reported."""
+    """What every terminal reported, thread-safe: key → last status the SDK reported (and
+    when); payments whose journal failed under them (``storage_error``: a raw storage
+    error out of the SDK; ``journal_error``: the SDK's own) by terminal."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.outcomes: dict[str, str] = {}
+        self.when: dict[str, float] = {}  # key → monotonic time of the report
+        self.terminal_of: dict[str, str] = {}  # key → the terminal that reported it
         self.counts: Counter[str] = Counter()
         self.completed: list[float] = []  # monotonic time of each payment the SDK settled
+        self.by_terminal: dict[str, list[float]] = {}
+        self.journal_failures: list[tuple[str, str, str]] = []  # (terminal, key, kind)
 
-    def record(self, key: str, status: str) -> None:
+    def record(self, key: str, status: str, terminal: str = "") -> None:
+        now = time.monotonic()
         with self._lock:
+            if status in ("storage_error", "journal_error"):
+                self.journal_failures.append((terminal, key, status))
+                if not key:
+                    return
             self.outcomes[key] = status
-            self.completed.append(time.monotonic())
+            self.when[key] = now
+            self.terminal_of[key] = terminal
+            self.completed.append(now)
+            self.by_terminal.setdefault(terminal, []).append(now)
 
     def merge(self, counts: dict[str, int]) -> None:
         with self._lock:
@@ -104,6 +120,26 @@ class TerminalProcess:
             return not self._thread.is_alive()
         return True
 
+    def limit_journal(self, size: int | None) -> int | None:
+        """RLIMIT_FSIZE of the running process: no file it writes grows past ``size`` bytes
+        (the journal's disk is full); ``None`` lifts it. The pid, or None when not running."""
+        with self._lock:
+            proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return None
+        limit = resource.RLIM_INFINITY if size is None else size
+        try:
+            resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        except (ProcessLookupError, PermissionError):
+            return None
+        return proc.pid
+
+    def settled_since(self, moment: float) -> float | None:
+        """The first payment this terminal settled at or after ``moment``."""
+        return next(
+            (t for t in self.tally.by_terminal.get(self.terminal_id, []) if t >= moment), None
+        )
+
     def terminate(self) -> None:
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
@@ -149,7 +185,7 @@ class TerminalProcess:
             with contextlib.suppress(ValueError):
                 last = json.loads(line)
             if "key" in last:
-                self.tally.record(last["key"], last["status"])
+                self.tally.record(last["key"], last["status"], self.terminal_id)
             if last.get("booted"):
                 self.booted_at = time.monotonic()
             if "counts" in last:
@@ -160,6 +196,7 @@ class TerminalProcess:
 
 def _child(argv: list[str]) -> None:
     spec = json.loads(argv[0])
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk fails the write, not us
     config = FleetConfig.from_json(spec["fleet"])
     stop_file = Path(spec["stop_file"])
     rng = random.Random(f"{config.seed}:{spec['index']}:think:{spec['reboot']}")
@@ -188,6 +225,7 @@ class Probe:
         self._headers = {"Authorization": f"Bearer {api_key}"}
         self.results: list[tuple[float, bool]] = []
         self.keys: list[str] = []
+        self.creates: list[ProbeCreate] = []  # for the request-event checks
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="probe", daemon=True)
 
@@ -216,14 +254,16 @@ class Probe:
                 key = str(uuid.uuid4())
                 self.keys.append(key)
                 started = time.monotonic()
+                answered = False
                 try:
                     answer = http.post(
                         "/v1/transactions", json=body, headers={"Idempotency-Key": key}
                     )
-                    ok = answer.status_code in (201, 202)
+                    ok, answered = answer.status_code in (201, 202), True
                 except httpx.HTTPError:
                     ok = False
                 self.results.append((started, ok))
+                self.creates.append(ProbeCreate(key, started, answered))
 
     def settle(self, *, timeout: float = 90.0) -> dict[str, int]:
         """Give every probe key a definitive state: processed, or fenced by abort."""

@@ -109,6 +109,20 @@ class PrivatePostgres:
         """Stop at once, as a crash would: no shutdown checkpoint, recovery on restart."""
         self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
+    def dump(self, name: str) -> Path:
+        """``pg_dump -Fc`` of the database the API uses (a consistent snapshot); its file."""
+        path = self.root / f"{name}.pgdump"
+        self._run("pg_dump", "-h", LOCAL, "-p", str(self.port), "-U", "postgres", "-Fc",
+                  "-f", str(path), "postgres")  # fmt: skip
+        return path
+
+    def restore(self, path: Path) -> None:
+        """Put the database back as ``path`` had it (``pg_restore --clean``, one transaction);
+        nothing else may be connected (stop the API and its sidecars first)."""
+        self._run("pg_restore", "-h", LOCAL, "-p", str(self.port), "-U", "postgres",
+                  "--clean", "--if-exists", "--single-transaction", "-d", "postgres",
+                  str(path))  # fmt: skip
+
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
             try:
@@ -196,6 +210,10 @@ class Api(ServerProcess):
             if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
                 pids.append(pid)
         return pids
+
+    def terminate_worker(self, pid: int) -> None:
+        """SIGTERM one worker: it drains and shuts down; the supervisor starts a new one."""
+        os.kill(pid, signal.SIGTERM)
 
     def kill_worker(self, rng: random.Random) -> int:
         pids = self.worker_pids()

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -47,6 +49,8 @@ from pathlib import Path
 from loadtest import _chaos_report as report
 from loadtest._bench_env import say
 from loadtest._chaos_fleet import Probe, Tally, TerminalProcess
+from loadtest._chaos_lake import check_lake
+from loadtest._chaos_phases import Exporter, NoisyNeighbour
 from loadtest._chaos_services import (
     ROOT,
     Api,
@@ -61,16 +65,34 @@ MERCHANTS = ("chaos-m1", "chaos-m2", "chaos-m3")
 PROBE = "chaos-probe"
 STEADY_LOSS = 0.035
 BURST_LOSS = 0.30
-SKEW_S = -120.0
-KINDS = ("worker_kill", "terminal_kill", "postgres_restart", "redis_restart", "loss_burst")
+NOISY = "chaos-noisy"
+SKEWS = (-120.0, 120.0, 900.0)  # terminals 0, 1, 2: behind; ahead within and beyond 5 min
+ISSUER_DEADLINE_S = 30.0
+KINDS = (
+    "worker_kill",
+    "terminal_kill",
+    "postgres_restart",
+    "redis_restart",
+    "loss_burst",
+    "journal_full",
+    "db_restore",
+    "rolling_restart",
+    "noisy_neighbour",
+)
 LONG_COUNTS = {
     "worker_kill": 3,
     "terminal_kill": 3,
     "postgres_restart": 1,
     "redis_restart": 1,
     "loss_burst": 2,
+    "journal_full": 1,
+    "db_restore": 1,
+    "rolling_restart": 1,
+    "noisy_neighbour": 1,
 }
 RECOVER_TIMEOUT_S = 90.0
+JOURNAL_FULL_BYTES = 4096  # RLIMIT_FSIZE: every journal write past the first page fails
+SIGKILL_EVENT_LOSS_S = 5.0  # a SIGKILLed worker's unflushed events: creates this long before
 
 
 @dataclass
@@ -104,6 +126,10 @@ def plan(duration_s: float, seed: int) -> list[Fault]:
         "postgres_restart": min(4.0, slot * 0.3),
         "redis_restart": min(8.0, slot * 0.4),
         "loss_burst": min(15.0, slot * 0.5),
+        "journal_full": min(10.0, slot * 0.4),
+        "db_restore": min(10.0, slot * 0.4),  # selling between the dump and the restore
+        "rolling_restart": 0.0,
+        "noisy_neighbour": min(20.0, slot * 0.6),
     }
     return [
         Fault(kind, warmup + i * slot + rng.uniform(0.0, slot * 0.2), holds[kind])
@@ -127,9 +153,13 @@ class Run:
     tally: Tally
     faults: list[Fault]
     rng: random.Random
+    env: dict[str, str]
+    exporter: Exporter
+    noisy: NoisyNeighbour
     started: float = 0.0
     fleet_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+    restores: list[tuple[float, float]] = field(default_factory=list)  # (dump, API stopped)
 
     # ------------------------------------------------------------------ the faults
     def inject(self, fault: Fault) -> None:
@@ -174,6 +204,73 @@ class Run:
         self.redis.start()
         fault.healed = time.monotonic()
 
+    def _journal_full(self, fault: Fault) -> None:
+        victim = self.rng.choice(self.terminals)
+        pid = victim.limit_journal(JOURNAL_FULL_BYTES)
+        fault.detail = (
+            f"{victim.terminal_id} (pid {pid}): RLIMIT_FSIZE {JOURNAL_FULL_BYTES} B for "
+            f"{fault.hold_s:.0f} s, every journal write fails"
+        )
+        time.sleep(fault.hold_s)
+        victim.limit_journal(None)
+        fault.healed = time.monotonic()
+        deadline = fault.healed + RECOVER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if (settled := victim.settled_since(fault.healed)) is not None:
+                fault.recovered = settled
+                return
+            time.sleep(0.05)
+
+    def _db_restore(self, fault: Fault) -> None:
+        """pg_dump; sell for ``hold_s``; stop the API, completer and relay; restore the dump;
+        ``idempay admin new-epoch``; start them again. Redis keeps everything it cached."""
+        dumped = time.monotonic()
+        dump = self.pg.dump(f"restore-{len(self.restores)}")
+        time.sleep(fault.hold_s)
+        for process in (self.api, *self.sidecars):
+            process.stop()
+        stopped = time.monotonic()
+        self.restores.append((dumped, stopped))
+        self.pg.restore(dump)
+        epoch = subprocess.run(
+            [sys.executable, "-m", "api", "admin", "new-epoch"], cwd=ROOT,
+            env={**os.environ, **self.env}, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        said = (epoch.stdout + epoch.stderr).strip().splitlines()
+        if epoch.returncode != 0:
+            self.errors.append(f"idempay admin new-epoch failed: {' '.join(said)[-300:]}")
+        fault.detail = (
+            f"pg_dump, {fault.hold_s:.0f} s of selling, API stopped, pg_restore, "
+            f"`idempay admin new-epoch` ({'ok' if epoch.returncode == 0 else 'FAILED'}), "
+            "API started; Redis kept"
+        )
+        self.api.start()
+        for sidecar in self.sidecars:
+            sidecar.launch()
+        fault.healed = time.monotonic()
+
+    def _rolling_restart(self, fault: Fault) -> None:
+        pids = sorted(self.api.worker_pids())
+        fault.detail = f"SIGTERM each of {len(pids)} workers in turn, after its replacement"
+        for pid in pids:
+            self.api.terminate_worker(pid)
+            if not self.api.wait_workers(without=pid, timeout=RECOVER_TIMEOUT_S):
+                return
+        fault.healed = time.monotonic()
+
+    def _noisy_neighbour(self, fault: Fault) -> None:
+        noisy = self.noisy
+        fault.detail = (
+            f"{NOISY}: {noisy.connections} connections of tok_issuer_down creates for "
+            f"{fault.hold_s:.0f} s; {noisy.victims} tok_issuer_timeout payments of another "
+            "merchant meanwhile"
+        )
+        fault.healed = noisy.run(fault.hold_s)
+        finished = [v.finished for v in noisy.results]
+        if noisy.results and all(f is not None for f in finished):
+            fault.recovered = max(f for f in finished if f is not None)
+        fault.detail += f"; flood answers {dict(sorted(noisy.flood_sent.items()))}"
+
     def _loss_burst(self, fault: Fault) -> None:
         fault.detail = f"link loss {STEADY_LOSS:.1%} → {BURST_LOSS:.0%} for {fault.hold_s:.0f} s"
         self.proxy.proxy.loss = BURST_LOSS
@@ -196,6 +293,7 @@ class Run:
         for terminal in self.terminals:
             terminal.start()
         self.probe.start()
+        self.exporter.start()
         self.started = time.monotonic()
         schedule = threading.Thread(target=self._schedule, name="faults", daemon=True)
         schedule.start()
@@ -222,6 +320,7 @@ class Run:
                 terminal.terminate()
                 self.errors.append(f"{terminal.terminal_id} did not settle its journal in time")
         self.probe.stop()
+        self.exporter.stop()
 
     def _schedule(self) -> None:
         for fault in self.faults:
@@ -258,6 +357,7 @@ def _env(pg: PrivatePostgres, redis: PrivateRedis, root: Path) -> dict[str, str]
         "IDEMPAY_RATE_LIMIT": "100000/second",
         "IDEMPAY_RATE_LIMIT_TERMINAL": "100000/second",
         "IDEMPAY_LOG_LEVEL": "WARNING",
+        "IDEMPAY_ISSUER_DEADLINE": str(ISSUER_DEADLINE_S),
     }
 
 
@@ -275,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pg.start()
         redis.start()
-        keys = migrate_and_keys(pg.url, [*MERCHANTS, PROBE])
+        keys = migrate_and_keys(pg.url, [*MERCHANTS, PROBE, NOISY])
         env = _env(pg, redis, root)
         (root / "logs").mkdir()
         api = Api(env, root / "logs" / "api.log", workers=args.workers, cwd=ROOT)
@@ -311,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_backoff=1.0,
                 abort_grace_s=15.0,
                 terminal_prefix="CHAOS",
-                clock_skew_s=SKEW_S if index == 0 else 0.0,
+                clock_skew_s=SKEWS[index] if index < len(SKEWS) else 0.0,
             )
             config.workdir.mkdir(parents=True, exist_ok=True)
             terminals.append(TerminalProcess(config, index, root / "stop", tally))
@@ -328,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
             tally=tally,
             faults=plan(args.duration, args.seed),
             rng=random.Random(f"{args.seed}:victims"),
+            env=env,
+            exporter=Exporter(env, root / "lake", root / "logs" / "export.log"),
+            noisy=NoisyNeighbour(
+                api.url, keys[NOISY][1], keys[MERCHANTS[1]][1], deadline_s=ISSUER_DEADLINE_S
+            ),
         )
         run.fleet()
         proxy_stats = dict(proxy.stats)
@@ -336,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         say("chaos: fleet stopped; settling probe keys, completer and relay")
         probe_outcome = run.probe.settle()
         ids = [keys[name][0] for name in MERCHANTS]
-        drained = asyncio.run(report.drain(pg.url, [*ids, keys[PROBE][0]]))
+        others = [keys[PROBE][0], keys[NOISY][0]]
+        drained = asyncio.run(report.drain(pg.url, [*ids, *others]))
         for sidecar in sidecars:
             if not sidecar.alive():
                 run.errors.append(f"{sidecar.args[0]} exited on its own")
@@ -347,15 +453,37 @@ def main(argv: list[str] | None = None) -> int:
             started.remove(process)
         for terminal in terminals:
             run.errors.extend(terminal.unexpected_exits)
+        say("chaos: the final export")
+        if not run.exporter.export():
+            run.errors.append("the final export failed (logs/export.log)")
+        reported = dict(tally.outcomes)
+        reported.update({v.key: v.status for v in run.noisy.results if v.status != "unsettled"})
+        restored_away = {
+            key for key, at in tally.when.items() if any(a <= at <= b for a, b in run.restores)
+        }
         checks = asyncio.run(
             report.check(
                 pg.url,
                 merchants=ids,
                 probe=keys[PROBE][0],
-                reported=dict(tally.outcomes),
+                noisy=keys[NOISY][0],
+                reported=reported,
+                restored_away=restored_away,
                 journals=[t.journal for t in terminals],
+                ask=[key for _, key, kind in tally.journal_failures if key],
             )
         )
+        kills = [f.injected for f in run.faults if f.kind == "worker_kill" and f.injected]
+        lake = asyncio.run(
+            check_lake(
+                pg.url,
+                root / "lake",
+                probe_merchant=keys[PROBE][0],
+                probe_creates=run.probe.creates,
+                exempt_windows=[(t - SIGKILL_EVENT_LOSS_S, t + 0.5) for t in kills] + run.restores,
+            )
+        )
+        skewed = {t.terminal_id: t.config.clock_skew_s for t in terminals if t.config.clock_skew_s}
         result = report.Result(
             seed=args.seed,
             duration_s=args.duration,
@@ -363,8 +491,17 @@ def main(argv: list[str] | None = None) -> int:
             terminals=args.terminals,
             workers=args.workers,
             faults=run.faults,
-            skewed=terminals[0].terminal_id,
-            skew_s=SKEW_S,
+            skewed=skewed,
+            lake=lake,
+            exports=dict(run.exporter.runs),
+            noisy=run.noisy,
+            journal_failures=list(tally.journal_failures),
+            refused_skewed=sum(
+                1
+                for key, status in tally.outcomes.items()
+                if status == "rejected" and tally.terminal_of.get(key) in skewed
+            ),
+            restored_away=len(restored_away),
             kills=Counter(f.kind for f in run.faults if f.injected),
             outcomes=Counter(tally.outcomes.values()),
             client_counts=Counter(tally.counts),

@@ -142,6 +142,32 @@ def test_simulate_kills_terminal_processes_and_recovers_their_journals(
     assert run.count("clients killed") >= 1
 
 
+def test_simulate_reboots_terminals_mid_payment_and_charges_no_customer_twice(
+    database: str, tmp_path: Path
+) -> None:
+    """Issue 24: terminals die before and after a create leaves, reboot on their journal
+    (recover() first), and the cashier re-runs the interrupted sale with a new key. Fails
+    while recover() still sells a never-sent entry at boot (SPEC §4)."""
+    run = simulate(
+        database,
+        tmp_path,
+        "--terminals",
+        "4",
+        "--payments",
+        "10",
+        "--loss",
+        "0.05",
+        "--reboot-terminals",
+        "--seed",
+        "3",
+    )
+    assert run.count("clients killed") == 2, run.out
+    assert run.count("sales") == 40
+    assert run.count("sales re-run by the cashier") >= 1
+    assert run.count("customers charged twice") == 0, run.out
+    assert run.returncode == 0 and "all invariants hold" in run.out, run.out
+
+
 def test_simulate_exits_non_zero_when_an_invariant_fails(
     pg_backend: Backend, tmp_path: Path
 ) -> None:
@@ -196,6 +222,28 @@ def test_the_invariants_catch_lost_payments_open_journals_and_unbalanced_ledgers
     assert report.failures["reported_exactly_once"] == 2  # the lost one, the charged abort
     [balance] = report.ledger
     assert (balance.ledger, balance.expected) == (500, 1000)
+
+
+def test_the_invariants_count_approved_charges_per_sale(
+    pg_backend: Backend, tmp_path: Path
+) -> None:
+    """Two keys of one sale (``metadata.sale_id``), both approved: one customer charged
+    twice, though each key holds exactly one charge."""
+    merchant_id = _merchant(pg_backend, pg_backend.api_key(f"sales-{uuid.uuid4().hex[:8]}"))
+    first, rerun, other = (str(uuid.uuid4()) for _ in range(3))
+    for key in (first, rerun, other):
+        asyncio.run(_plant_transaction(pg_backend.url, merchant_id, key, ledger=True))
+    journal = tmp_path / "pos.db"
+    with Journal(journal) as pos:
+        for key, sale in ((first, "S-1"), (rerun, "S-1"), (other, "S-2")):
+            body = json.dumps({"amount": 500, "metadata": {"sale_id": sale}})
+            pos.begin(key, body, deadline=0.0, reverse_late_approval=False)
+    report = asyncio.run(_check(pg_backend.url, merchant_id, {}, [journal]))
+    assert report.sales == 2
+    assert report.failures["one_charge_per_sale"] == 1
+    assert report.failures["one_charge_per_key"] == 0
+    [violation] = [v for v in report.violations if v.invariant == "one_charge_per_sale"]
+    assert violation.key == "S-1" and first in violation.detail and rerun in violation.detail
 
 
 def _merchant(backend: Backend, api_key: str) -> str:
