@@ -173,6 +173,13 @@ def simulate(
     kill_clients: Annotated[
         bool, typer.Option("--kill-clients", help="SIGKILL some terminal processes mid-run.")
     ] = False,
+    reboot_terminals: Annotated[
+        bool,
+        typer.Option(
+            "--reboot-terminals",
+            help="Terminals die mid-payment and reboot; the cashier re-runs the sale.",
+        ),
+    ] = False,
     url: Annotated[str | None, typer.Option(help="A running server (default: start one).")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key for --url.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for faults, cards and jitter.")] = 1,
@@ -202,6 +209,7 @@ def simulate(
         loss=loss,
         via_proxy=via_proxy,
         kill_clients=kill_clients,
+        reboot_terminals=reboot_terminals,
         seed=seed,
         slow_share=slow_share,
     )
