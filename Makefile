@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test lint bench loadtest chaos verify services tools clean
+.PHONY: demo test test-fast lint bench loadtest chaos verify services tools clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test: $(STAMP) services tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q -p no:cacheprovider
+
+# The edit loop's lane: no servers, Spark, browser, model or chaos (markers set in tests/conftest.py).
+FAST := not (server or redis or spark or browser or model or chaos or slow)
+test-fast: $(STAMP) services
+	$(BIN)/pytest -q -p no:cacheprovider -m "$(FAST)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

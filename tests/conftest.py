@@ -66,3 +66,46 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     """The contract suite runs on both storage backends."""
     fixture = "pg_backend" if request.param == "postgres" else "sqlite_backend"
     return request.getfixturevalue(fixture)  # type: ignore[no-any-return]
+
+
+# The fast lane (`make test-fast`) leaves out the kinds of test that start processes or
+# engines; `make test` runs everything. Kinds are read off the fixtures a test uses (the
+# closure, so a fixture built on a backend counts) and, for whole-harness files, its path.
+_KIND_FIXTURES = {
+    "server": {
+        "pg_backend",
+        "sqlite_backend",
+        "private_backend",
+        "private_pg_backend",
+        "backend",
+        "deployed_db",
+        "database",
+    },
+    "redis": {"redis_server", "private_redis", "shared_redis", "redis_env", "redis_prefix"},
+    "spark": {"spark", "lake", "audited"},
+    "browser": {"chromium"},
+}
+_KIND_PATHS = {
+    "model": ("tests/test_protocol_model.py",),
+    "chaos": ("tests/loadtest/", "tests/test_simulate_cli.py"),
+    "spark": ("tests/analytics/", "tests/deploy/test_audit_as_scheduled.py"),
+    "server": ("tests/deploy/", "tests/client_sdk/test_integration_", "tests/api/fuzz/"),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for kind in ("server", "redis", "spark", "browser", "model", "chaos"):
+        config.addinivalue_line("markers", f"{kind}: needs {kind} (left out of make test-fast)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        for kind, names in _KIND_FIXTURES.items():
+            if used & names:
+                item.add_marker(kind)
+        for kind, prefixes in _KIND_PATHS.items():
+            if path.startswith(prefixes):
+                item.add_marker(kind)
