@@ -51,8 +51,12 @@
 #ifndef ISSUER_FAULTS
 #define ISSUER_FAULTS 1   /* issuer calls that time out (recorded by the issuer or not) */
 #endif
+#ifndef REJECTS
+#define REJECTS 0         /* create attempts refused before processing (408/401/413/proxy
+                             4xx): issue 14. 0 by default: the checks that want them say so */
+#endif
 /* The budgets above are the defaults; the environment variables PML_NET_FAULTS,
-   PML_CRASHES, PML_T_CRASHES, PML_PAUSES and PML_ISSUER_FAULTS override them when pan
+   PML_CRASHES, PML_T_CRASHES, PML_PAUSES, PML_ISSUER_FAULTS and PML_REJECTS override them when pan
    starts (configure(), below), so that one compiled pan serves every bound
    (scripts/verify.sh). spin's simulator does not run that C code: replay a trail with the
    -D values it was found with, and no environment.
@@ -87,6 +91,12 @@
 #define R_FENCED     5  /* 410 aborted/expired, or abort's 200 {"status": aborted|expired} */
 #define R_NOTFOUND   6  /* 404 */
 #define REP_ABORTED  7  /* what the SDK reported: PaymentAborted */
+#define R_REJECTED   8  /* a create attempt refused before anything was processed: 408,
+                           401, 413, 422 clock_skew, a proxy's 4xx (nothing stored) */
+#define REP_REJECTED 9  /* what the SDK reported: the typed APIError of a rejection
+                           (journal entry ended, the app shows "failed") */
+#define REP_FAILED  10  /* what the SDK reported: InvalidTransition from its own journal
+                           (an IdempayError: the app shows "failed") -- TWO_DRIVERS only */
 
 /* issuer_authorization row, per issuer key */
 #define I_NONE 0
@@ -150,6 +160,53 @@ byte j_state = J_NONE;    /* the durable journal entry */
 byte reported = R_NONE;   /* what the SDK returned or raised to its caller */
 bool t_deadline = 0;      /* the payment's deadline (= the body's expires_at) has passed */
 byte t_cur = NEP;         /* the connection the terminal is waiting on; NEP: none */
+bool unsent_at_boot = 0;  /* ghost: the terminal died before its first send (journal still
+                             PENDING), so the cashier, who saw it die, ran the sale again
+                             under a new key: this payment must never be charged (h) */
+
+/* ======================================================================== retention (issue 14) */
+/* -DRETENTION: the server's clock, the request's timestamp and the tombstone purge.
+   Time in units of the clock-skew tolerance: TOL = 1, retention RET = 2 (the ratio does not
+   matter, only the order of the bounds; README.md, "Retention"). The payment starts at
+   server time 0; its captured_at / UUIDv7 time (one per payment, stamped at Journal.begin)
+   is t_stamp: the terminal's clock ahead by 0..TOL (-DSKEW_BEYOND: also TOL + 1). */
+#ifdef RETENTION
+#define TOL  1
+#define RET  2
+#ifdef MUTANT_PURGE_AT_RETENTION
+#define KEEP RET          /* the pre-fix purge: tombstones older than the retention */
+#else
+#define KEEP (RET + TOL)  /* retention.purge: older than retention + tolerance */
+#endif
+#define CMAX 5            /* the server clock stops here (README.md, "Bounds") */
+byte clk = 0;             /* the server's clock (now) */
+byte t_stamp = 0;         /* the request's captured_at / UUIDv7 time, on the server's scale */
+byte k_tomb = 0;          /* the tombstone's updated_at */
+bool purged = 0;          /* ghost: a tombstone of the key was purged */
+#define TOMB_AT k_tomb = clk
+#else
+#define TOMB_AT skip
+#endif
+
+/* ======================================================================== two drivers (issue 24) */
+/* -DTWO_DRIVERS: a second Client (another thread or process) on the same journal runs
+   recover() while the terminal drives the payment. j_owner is the journal lease of the fix
+   (SPEC §4: one driver per key across clients and processes); under
+   -DMUTANT_PER_INSTANCE_DRIVER nobody looks at it (the claim was per Client instance). */
+#ifdef TWO_DRIVERS
+#ifndef J_STALLS
+#define J_STALLS 1        /* the terminal stalls past its journal lease (GC, swap, SIGSTOP) */
+#endif
+byte j_owner = 0;         /* journal lease: 0 none, 1 the terminal, 2 the second driver */
+byte j_out = R_NONE;      /* the outcome the journal entry records, once definitive */
+byte reported2 = R_NONE;  /* what the second driver's recover() returned for the key */
+byte j_stalls = J_STALLS;
+#ifdef MUTANT_PER_INSTANCE_DRIVER
+#define J_MINE(d) (j_state < J_RESOLVED)   /* only the journal's own transition check */
+#else
+#define J_MINE(d) (j_owner == (d))         /* Journal.transition WHERE lease_owner = me */
+#endif
+#endif
 
 /* ======================================================================== the network */
 chan req = [NQ] of { mtype, byte };   /* (endpoint, connection id) */
@@ -162,6 +219,7 @@ byte crashes = CRASHES;
 byte t_crashes = T_CRASHES;
 byte pauses = PAUSES;
 byte iss_faults = ISSUER_FAULTS;
+byte rejects = REJECTS;
 bool crash[3];            /* set by Chaos: that actor dies before its next step */
 bool busy[3];             /* the actor is handling a request (or, the completer, a key) */
 bool t_crash;
@@ -191,6 +249,7 @@ inline configure() {
     now.t_crashes = pml_budget("PML_T_CRASHES", now.t_crashes);
     now.pauses = pml_budget("PML_PAUSES", now.pauses);
     now.iss_faults = pml_budget("PML_ISSUER_FAULTS", now.iss_faults);
+    now.rejects = pml_budget("PML_REJECTS", now.rejects);
   }
 }
 
@@ -260,7 +319,7 @@ inline deadline_then(settle_nxt, drive_nxt) {
 inline fence_owned() {
   if
   :: OWNED(tok) ->
-       stale_check(tok); k_state = ABRT; k_live = 0;
+       stale_check(tok); k_state = ABRT; k_live = 0; TOMB_AT;
 #ifndef MUTANT_VOID_BEFORE_FENCE
        issuer_void(IKEY(tok))
 #else
@@ -281,7 +340,13 @@ inline existing() {
   :: k_state == PROC && !k_live ->
        take_over();
        deadline_then(N_SETTLE, N_DRIVE)   /* settle(): now >= deadline_at? */
+#ifndef RETENTION
   :: k_state == NOKEY -> assert(false)   /* "claimed key vanished" */
+#else
+  /* _must_read: RuntimeError("claimed key vanished") → 500: a worker that held the key
+     stalled past the purge of its tombstone (retention + tolerance later) */
+  :: k_state == NOKEY -> code = R_NONE; respond()
+#endif
   fi
 }
 
@@ -289,7 +354,22 @@ inline existing() {
    claim, the inline transaction or the expired fence), or existing(record) */
 inline create_request() {
     if
+#ifdef RETENTION
+    /* service._too_late / the clock_skew check, on the server's clock (SPEC §3.5): a
+       timestamp older than the retention is too late (fenced as expired, below); one
+       further ahead than the tolerance is refused, 422 clock_skew, nothing stored */
+    :: k_state == NOKEY && t_stamp + RET < clk ->
+         k_state = EXPD; TOMB_AT; code = R_FENCED; respond()
+#ifndef MUTANT_NO_FUTURE_REFUSAL
+    :: k_state == NOKEY && t_stamp + RET >= clk && t_stamp > clk + TOL ->
+         code = R_REJECTED; respond()
+    :: k_state == NOKEY && t_stamp + RET >= clk && t_stamp <= clk + TOL ->
+#else
+    :: k_state == NOKEY && t_stamp + RET >= clk ->
+#endif
+#else
     :: k_state == NOKEY ->           /* store.get found no row */
+#endif
          if
 #ifndef NO_EXPIRY
          :: true ->
@@ -303,7 +383,7 @@ inline create_request() {
 #else
               /* _fence_expired → store.fence(state = 'expired'):
                  INSERT … ON CONFLICT DO NOTHING */
-              k_state = EXPD; code = R_FENCED; respond()
+              k_state = EXPD; TOMB_AT; code = R_FENCED; respond()
 #endif
 #endif
          :: inline_path ->            /* not too late; issuer.answers_inline(token) */
@@ -332,7 +412,7 @@ inline abort_request() {
          nxt = N_FENCE; top = 1      /* the blind insert comes in a later statement */
 #else
          /* store.fence(state = 'aborted'): INSERT … ON CONFLICT DO NOTHING; + outbox */
-         k_state = ABRT; code = R_FENCED; respond()
+         k_state = ABRT; TOMB_AT; code = R_FENCED; respond()
 #endif
     :: k_state == DONE -> code = t_status; respond()      /* _abort_existing */
     :: k_state == ABRT || k_state == EXPD -> code = R_FENCED; respond()
@@ -481,6 +561,9 @@ abort_fence_owned:                        /* _abort_existing, after its take-ove
          :: k_state == DONE -> code = t_status
          :: k_state == ABRT || k_state == EXPD -> code = R_FENCED
          :: k_state == PROC -> code = R_BUSY
+#ifdef RETENTION
+         :: k_state == NOKEY -> code = R_NONE   /* purged meanwhile (a stalled abort): 500 */
+#endif
          fi;
          respond()
        }
@@ -493,7 +576,7 @@ blind_fence:
          :: top -> k_state = ABRT         /* abort */
          :: else -> k_state = EXPD        /* _fence_expired */
          fi;
-         k_live = 0; code = R_FENCED; respond()
+         k_live = 0; TOMB_AT; code = R_FENCED; respond()
        }
 done:
        skip
@@ -516,28 +599,100 @@ done:
 }
 
 /* ======================================================================== the terminal (SDK) */
+/* Journal writes. Under TWO_DRIVERS each one is Journal.transition guarded by the journal
+   lease (the fix) or only by the journal's own state machine (the mutant); a write that
+   fails sets jlost, and jlost_then() decides what the driver reports. Elsewhere they are
+   plain assignments. */
+#ifdef TWO_DRIVERS
+inline jwrite(s) {
+  if
+  :: J_MINE(1) -> j_state = s
+  :: else -> jlost = 1
+  fi
+}
+inline jfinal(s, r) {
+  if
+  :: J_MINE(1) -> j_state = s; j_out = r; reported = r
+  :: else -> jlost = 1
+  fi;
+  finished = 1
+}
+/* The terminal's write was refused. The fix: re-read the entry; resolved by the other
+   driver → return that outcome; else leave it to its driver (PaymentInDoubt, the entry
+   stays). The mutant: Journal.transition raised InvalidTransition out of a final state,
+   an IdempayError: the app shows "failed". */
+inline jlost_then() {
+  if
+  :: jlost ->
+#ifdef MUTANT_PER_INSTANCE_DRIVER
+       reported = REP_FAILED;
+#else
+       if
+       :: j_state == J_RESOLVED || j_state == J_ABORTED -> reported = j_out
+       :: else -> reported = R_NONE
+       fi;
+#endif
+       finished = 1; sent = 0; code = R_NONE
+  :: else
+  fi
+}
+#else
+inline jwrite(s) { j_state = s }
+inline jfinal(s, r) { j_state = s; reported = r; finished = 1 }
+inline jlost_then() { skip }
+#endif
+
 /* _actions.next_action for the answer in `code`, and the journal write that follows it
    (a crash between the two is a crash while waiting: only the journal survives either way) */
 inline next_action() {
   if
-  :: phase == CREATE && sent -> maybe_sent = 1
+  :: code == R_REJECTED ->
+       /* a create attempt refused before anything was processed (issue 14): definitive
+          only if no earlier attempt may have reached the server; else it proves nothing
+          about the earlier copy, so resolve the key (lookup, abort at the deadline) like
+          after a lost answer (SPEC §4). The mutant: the rejection is the outcome. */
+#ifndef MUTANT_REJECT_IS_OUTCOME
+       if
+       :: maybe_sent -> code = R_NONE
+       :: else
+       fi
+#else
+       skip
+#endif
   :: else
   fi;
   if
+  :: phase == CREATE && sent && code != R_REJECTED -> maybe_sent = 1
+  :: else
+  fi;
+  if
+  :: code == R_REJECTED ->                        /* Reject: record(RESOLVED, error), raise */
+       jfinal(J_RESOLVED, REP_REJECTED)
   :: code == R_APPROVED || code == R_DECLINED ->  /* Finish: record(RESOLVED) */
-       j_state = J_RESOLVED; reported = code; finished = 1
+       jfinal(J_RESOLVED, code)
   :: code == R_FENCED ->                          /* Fence: record(ABORTED), PaymentAborted */
-       j_state = J_ABORTED; reported = REP_ABORTED; finished = 1
+       jfinal(J_ABORTED, REP_ABORTED)
   :: code == R_NOTFOUND ->
 #ifdef MUTANT_404_GIVES_UP
-       j_state = J_ABORTED; reported = REP_ABORTED; finished = 1
+       jfinal(J_ABORTED, REP_ABORTED)
 #else
-       phase = CREATE                             /* resend, same request, same key */
+       if
+#ifndef MUTANT_RECOVER_RESENDS
+       :: rec ->                                  /* recover(): the server does not know
+                                                     the key; fence it, never sell */
+            phase = ABORT;
+            if
+            :: j_state != J_IN_DOUBT -> jwrite(J_IN_DOUBT)
+            :: else
+            fi
+#endif
+       :: else -> phase = CREATE                  /* pay(): resend, same request, same key */
+       fi
 #endif
   :: code == R_NONE && !sent && phase == CREATE   /* never left: create again */
   :: else ->                                      /* 202, 409, no reply: in doubt */
        if
-       :: j_state != J_IN_DOUBT -> j_state = J_IN_DOUBT
+       :: j_state != J_IN_DOUBT -> jwrite(J_IN_DOUBT)
        :: else
        fi;
        if
@@ -550,14 +705,15 @@ inline next_action() {
        :: else                                    /* lookup again / abort again */
        fi
   fi;
-  code = R_NONE; sent = 0
+  code = R_NONE; sent = 0;
+  jlost_then()
 }
 
 active proctype Terminal()
 {
   mtype phase = CREATE;
   byte code, e, w;
-  bool maybe_sent, free_pass, sent, booted, finished;
+  bool maybe_sent, free_pass, sent, booted, finished, rec, jlost;
 
   atomic {
     configure();
@@ -569,14 +725,53 @@ active proctype Terminal()
     :: inline_path = 0
     fi;
 #endif
+#ifdef RETENTION
+    if                                    /* the terminal's clock, at Journal.begin */
+    :: t_stamp = 0                        /* in step with the server's */
+    :: t_stamp = TOL                      /* ahead, by up to the tolerance */
+#ifdef SKEW_BEYOND
+    :: t_stamp = TOL + 1                  /* ahead, beyond the tolerance */
+#endif
+    fi;
+#endif
+#ifdef TWO_DRIVERS
+    j_owner = 1;                          /* the lease, taken with the entry */
+#endif
     j_state = J_PENDING                   /* journal.begin: committed before the first send */
   }
   do
   :: {
        if
-       :: !booted -> booted = 1           /* pay(): drive(start = CREATE) */
-       :: booted ->                       /* recover(): drive(start = LOOKUP, lookup_first) */
-            d_step { phase = LOOKUP; free_pass = 1; maybe_sent = (j_state != J_PENDING) }
+       :: !booted                         /* pay(): drive(start = CREATE) */
+       :: booted ->                       /* recover(): re-read the entry; settle, never sell */
+            d_step {
+#ifdef TWO_DRIVERS
+              if
+              :: j_state == J_RESOLVED || j_state == J_ABORTED ->
+                   finished = 1           /* resolved meanwhile: not listed by unresolved() */
+#ifndef MUTANT_PER_INSTANCE_DRIVER
+              :: j_state != J_RESOLVED && j_state != J_ABORTED && j_owner != 0 ->
+                   finished = 1           /* another live driver holds its lease: leave it */
+              :: j_state != J_RESOLVED && j_state != J_ABORTED && j_owner == 0 ->
+                   j_owner = 1
+#else
+              :: else
+#endif
+              fi;
+#endif
+              rec = 1; free_pass = 1; maybe_sent = (j_state != J_PENDING);
+              if
+#ifndef MUTANT_RECOVER_RESENDS
+              :: j_state == J_PENDING ->  /* never sent: fence it with abort, never send */
+                   phase = ABORT
+#endif
+              :: else -> phase = LOOKUP   /* drive(start = LOOKUP, lookup_first) */
+              fi
+            }
+            if
+            :: finished -> goto end_done
+            :: else
+            fi
        fi;
 loop:
        /* drive(): the deadline may have passed by now; then _fence (record IN_DOUBT, abort).
@@ -590,18 +785,19 @@ loop:
          :: t_deadline && !free_pass && phase != ABORT ->
               phase = ABORT;
               if
-              :: j_state != J_IN_DOUBT -> j_state = J_IN_DOUBT
+              :: j_state != J_IN_DOUBT -> jwrite(J_IN_DOUBT)
               :: else
               fi
          :: else
          fi;
          free_pass = 0;
          if
-         :: phase == CREATE -> j_state = J_SENT
+         :: phase == CREATE -> jwrite(J_SENT)
          :: else
          fi;
          if
-         :: phase == LOOKUP ->
+         :: jlost -> jlost_then()         /* the write was refused: send nothing */
+         :: !jlost && phase == LOOKUP ->
               /* GET /v1/transactions/{id} → resolution.lookup: one read, no effects, so the
                  model evaluates it when it is sent (README.md, "Abstractions") */
               if
@@ -616,7 +812,7 @@ loop:
                    fi
               fi;
               next_action()
-         :: phase != LOOKUP ->
+         :: !jlost && phase != LOOKUP ->
               e = 0;                      /* the lowest connection id with nothing in flight */
               do
               :: e < NEP && inuse[e] > 0 -> e++
@@ -625,6 +821,9 @@ loop:
               assert(e < NEP);
               if
               :: net_faults > 0 -> net_faults--; e = 0; next_action()  /* ConnectError */
+              :: phase == CREATE && rejects > 0 ->   /* refused before processing: 408 (body
+                                                        too slow), 401, 413, a proxy's 4xx */
+                   rejects--; e = 0; sent = 1; code = R_REJECTED; next_action()
               :: nfull(req) -> t_cur = e; e = 0; req!phase,t_cur; inuse[t_cur]++; sent = 1
               fi
          fi
@@ -647,13 +846,13 @@ loop:
             if
             :: true
             :: !maybe_sent ->             /* grace over, never sent: PaymentAborted(not_sent) */
-                 d_step { j_state = J_ABORTED; reported = REP_ABORTED }
+                 d_step { jfinal(J_ABORTED, REP_ABORTED); jlost_then() }
                  goto end_done
             :: maybe_sent ->              /* grace over: PaymentInDoubt; recover() later */
 #ifdef MUTANT_NO_RECOVER
                  goto end_done            /* nobody ever calls recover() */
 #endif
-                 d_step { phase = LOOKUP; free_pass = 1 }
+                 d_step { phase = LOOKUP; free_pass = 1; rec = 1 }
             fi
        :: else
        fi;
@@ -676,14 +875,85 @@ loop:
      } unless {
        t_crash ->
        d_step {                           /* the terminal dies; only the journal survives */
+         if                               /* the cashier saw it die and runs the sale again */
+         :: j_state == J_PENDING -> unsent_at_boot = 1
+         :: else
+         fi;
+#ifdef TWO_DRIVERS
+         if                               /* a dead driver's journal lease runs out */
+         :: j_owner == 1 -> j_owner = 0
+         :: else
+         fi;
+#endif
+         booted = 1;                      /* the next boot runs recover() */
          t_crash = 0; t_cur = NEP; mbox = R_NONE; phase = CREATE; code = R_NONE; e = 0;
-         maybe_sent = 0; free_pass = 0; sent = 0; w = W_NONE
+         maybe_sent = 0; free_pass = 0; sent = 0; w = W_NONE; rec = 0; jlost = 0
        }
      }
   od;
 end_done:
   skip
 }
+
+#ifdef TWO_DRIVERS
+/* A second Client on the same journal (another thread or process) runs recover() once:
+   Journal.unresolved() lists the entry, recover_entry re-reads it and takes its lease (the
+   fix), looks the key up and records a definitive answer. Its abort (after a 404) is not
+   modelled: it leaves the entry in doubt instead (README.md, "What the model does not
+   cover"). */
+active proctype Driver2()
+{
+  byte c;
+end_d2:                                   /* it may never find the entry unresolved */
+  atomic { j_state == J_PENDING || j_state == J_SENT || j_state == J_IN_DOUBT -> skip }
+#ifndef MUTANT_PER_INSTANCE_DRIVER
+  atomic {                                /* re-read the entry and take its lease */
+    if
+    :: j_state == J_RESOLVED || j_state == J_ABORTED ->
+         reported2 = j_out; goto d2_end   /* resolved meanwhile: that outcome */
+    :: j_state != J_RESOLVED && j_state != J_ABORTED && j_owner != 0 ->
+         goto d2_end                      /* another live driver holds it: leave it */
+    :: j_state != J_RESOLVED && j_state != J_ABORTED && j_owner == 0 ->
+         j_owner = 2
+    fi
+  }
+#endif
+  atomic {                                /* GET /v1/transactions/{id} */
+    if
+    :: k_state == NOKEY -> c = R_NOTFOUND
+    :: k_state == DONE -> c = t_status
+    :: k_state == PROC -> c = R_PROCESSING
+    :: k_state == ABRT || k_state == EXPD -> c = R_FENCED
+    fi
+  }
+  atomic {                                /* record the definitive answer */
+    if
+    :: c == R_APPROVED || c == R_DECLINED || c == R_FENCED ->
+         if
+         :: c == R_FENCED -> c = REP_ABORTED
+         :: else
+         fi;
+         if
+         :: J_MINE(2) ->
+              if
+              :: c == REP_ABORTED -> j_state = J_ABORTED
+              :: else -> j_state = J_RESOLVED
+              fi;
+              j_out = c; reported2 = c
+         :: else -> reported2 = REP_FAILED   /* InvalidTransition */
+         fi
+    :: else                               /* 202 / 404: in doubt, left for later */
+    fi;
+    if
+    :: j_owner == 2 -> j_owner = 0
+    :: else
+    fi;
+    c = 0
+  }
+d2_end:
+  skip
+}
+#endif
 
 /* ======================================================================== the faulty world */
 /* Faults, within the budgets above. Under FAIR (the liveness run) the world may also stop
@@ -711,9 +981,22 @@ end_world:
               t_crash = 1; t_crashes-- }
   /* the lease holder stalls past lease_until */
   :: atomic { pauses > 0 && k_state == PROC && k_live -> k_live = 0; pauses-- }
+#ifdef TWO_DRIVERS
+  /* the terminal stalls past its journal lease (it does not know) */
+  :: atomic { j_stalls > 0 && j_owner == 1 -> j_owner = 0; j_stalls-- }
+#endif
+#ifdef RETENTION
+  /* time passes on the server's clock */
+  :: atomic { clk < CMAX -> clk++ }
+  /* retention.purge: DELETE the tombstone once updated_at < now - KEEP */
+  :: atomic { (k_state == ABRT || k_state == EXPD) && clk > k_tomb + KEEP ->
+              k_state = NOKEY; k_tok = 0; k_live = 0; past = 0; claim_old = 0; k_tomb = 0;
+              purged = 1 }
+#endif
 #ifdef FAIR
-  :: atomic { net_faults > 0 || crashes > 0 || t_crashes > 0 || pauses > 0 ->
-              net_faults = 0; crashes = 0; t_crashes = 0; pauses = 0 }   /* all is well now */
+  :: atomic { net_faults > 0 || crashes > 0 || t_crashes > 0 || pauses > 0 || rejects > 0 ->
+              net_faults = 0; crashes = 0; t_crashes = 0; pauses = 0; rejects = 0 }
+                                                                    /* all is well now */
 #endif
   od
 }
@@ -733,14 +1016,34 @@ active proctype Time()
 /* ======================================================================== properties */
 #define P_A (i_auths <= 1)
 #define P_B (!(t_count > 0 && (k_state == ABRT || k_state == EXPD)))
-#define P_C (t_count <= 1 && \
-             (reported == R_NONE || \
-              (reported == REP_ABORTED && t_count == 0) || \
-              ((reported == R_APPROVED || reported == R_DECLINED) && \
-               t_count == 1 && t_status == reported)))
+/* what a driver reported (returned or raised) agrees with the ledger, now and later */
+#define REPORT_OK(r) \
+             ((r) == R_NONE || \
+              (((r) == REP_ABORTED || (r) == REP_REJECTED) && t_count == 0) || \
+              (((r) == R_APPROVED || (r) == R_DECLINED) && t_count == 1 && t_status == (r)))
+#define P_C (t_count <= 1 && REPORT_OK(reported))
 #define P_E (stale_commits == 0)
 #define P_F (!(t_count > 0 && t_status == ST_APPROVED && i_state[0] == I_VOID) && \
              !(k_state == ABRT && i_state[0] == I_AUTH))
+/* g (issue 14): a payment the terminal reported rejected (failed) was never processed
+   and is not being processed (the journal entry it ended says the same) */
+#define P_G (!(reported == REP_REJECTED && (t_count > 0 || k_state == PROC)))
+/* h (issue 24): recover() never sells -- a payment whose terminal died before sending it
+   (the cashier ran the sale again) is never charged */
+#define P_H (!(unsent_at_boot && t_count > 0))
+/* i (issue 14): a fenced key is never processed later, even after its tombstone's purge */
+#ifdef RETENTION
+#define P_I (!(purged && (k_state == PROC || k_state == DONE)))
+#else
+#define P_I 1
+#endif
+/* j (issue 24): every driver of the key -- the terminal and a second Client on the same
+   journal -- reports what the ledger says; none reports a failure */
+#ifdef TWO_DRIVERS
+#define P_J (REPORT_OK(reported) && REPORT_OK(reported2))
+#else
+#define P_J 1
+#endif
 #define SETTLED ((j_state == J_RESOLVED || j_state == J_ABORTED) && k_state != PROC)
 
 /* The safety properties as one monitor: it blocks until an invariant breaks, then the
@@ -762,18 +1065,35 @@ active proctype Time()
 #ifndef CHK_F
 #define CHK_F 1
 #endif
+#ifndef CHK_G
+#define CHK_G 1
+#endif
+#ifndef CHK_H
+#define CHK_H 1
+#endif
+#ifndef CHK_I
+#define CHK_I 1
+#endif
+#ifndef CHK_J
+#define CHK_J 1
+#endif
 #define Q_A (!CHK_A || P_A)
 #define Q_B (!CHK_B || P_B)
 #define Q_C (!CHK_C || P_C)
 #define Q_E (!CHK_E || P_E)
 #define Q_F (!CHK_F || P_F)
+#define Q_G (!CHK_G || P_G)
+#define Q_H (!CHK_H || P_H)
+#define Q_I (!CHK_I || P_I)
+#define Q_J (!CHK_J || P_J)
 #ifdef MONITOR
 active proctype Monitor()
 {
 end_monitor:
   atomic {
-    !(Q_A && Q_B && Q_C && Q_E && Q_F) ->
-    assert(Q_A); assert(Q_B); assert(Q_C); assert(Q_E); assert(Q_F)
+    !(Q_A && Q_B && Q_C && Q_E && Q_F && Q_G && Q_H && Q_I && Q_J) ->
+    assert(Q_A); assert(Q_B); assert(Q_C); assert(Q_E); assert(Q_F);
+    assert(Q_G); assert(Q_H); assert(Q_I); assert(Q_J)
   }
 }
 #endif
@@ -784,3 +1104,7 @@ ltl c { [] P_C }
 ltl d { <> [] SETTLED }
 ltl e { [] P_E }
 ltl f { [] P_F }
+ltl g { [] P_G }
+ltl h { [] P_H }
+ltl i { [] P_I }
+ltl j { [] P_J }
