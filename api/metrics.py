@@ -67,6 +67,22 @@ RECOVERIES = Counter(
 EVENTS_DROPPED = Counter("idempay_events_dropped_total", "Request events dropped (queue full).")
 CACHE = Counter("idempay_cache_total", "Redis response cache lookups by result.", ["result"])
 OUTBOX_PUBLISHED = Counter("idempay_outbox_published_total", "Outbox events published.")
+OUTBOX_STREAM_ENTRIES = Gauge(
+    "idempay_outbox_stream_entries",
+    "Entries in the outbox Redis Stream after the relay's last publish (relay process).",
+    multiprocess_mode="max",
+)
+OUTBOX_STREAM_MAXLEN = Gauge(
+    "idempay_outbox_stream_maxlen",
+    "The stream's retention bound: XADD trims it to about this many entries (relay process).",
+    multiprocess_mode="max",
+)
+OUTBOX_STREAM_OLDEST_AGE = Gauge(
+    "idempay_outbox_stream_oldest_age_seconds",
+    "Age of the oldest entry still in the outbox stream: a consumer further behind than this"
+    " has lost events from the stream (relay process).",
+    multiprocess_mode="max",
+)
 PURGED = Counter("idempay_purged_total", "Rows purged by retention, by table.", ["table"])
 
 

@@ -9,12 +9,28 @@ events became visible (committed) to the relay, so causally ordered events (a co
 then its reversal) always arrive in that order, with no gaps.
 On Postgres only one relay publishes at a time (a session advisory lock), so two relays
 can never interleave a merchant's events; a second relay waits as a hot standby.
+
+Numbering enforces leadership inside its own transaction, not only once per tick: the
+leader numbers on the very session that holds the lock (and checks, in that transaction,
+that it still does: a dead session cannot commit), and a relay ticking without a lock
+session (``run_once()``, ``idempay relay --once``) holds the same lock for the
+transaction (``pg_try_advisory_xact_lock``) or numbers nothing. Rows are claimed with
+``FOR UPDATE SKIP LOCKED`` and only ``seq IS NULL`` rows are numbered, so an event is
+numbered once, whatever two relays do at the same moment.
+
+The stream is bounded: XADD trims it to about ``STREAM_MAXLEN`` entries, and it expires
+``STREAM_TTL_SECONDS`` after the last publish. After each publish the relay measures it
+(``idempay_outbox_stream_entries``, ``…_maxlen``, ``…_oldest_age_seconds``; served by
+``idempay relay --metrics-port``) and logs ``outbox_stream_near_bound`` past 90 % of the
+bound. A consumer further behind than the oldest entry has lost events from the stream;
+the outbox table still has them (docs/operations.md: republish).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,13 +42,34 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api.db import atomic, utcnow
-from api.metrics import OUTBOX_PUBLISHED
+from api.metrics import (
+    OUTBOX_PUBLISHED,
+    OUTBOX_STREAM_ENTRIES,
+    OUTBOX_STREAM_MAXLEN,
+    OUTBOX_STREAM_OLDEST_AGE,
+)
 from api.models import MerchantOutboxSeq, OutboxEvent
 
 log = structlog.get_logger("idempay.relay")
 LOCK_ID = 0x1DE4_9A7  # pg advisory lock id for "the relay"
 STREAM_TTL_SECONDS = 7 * 86_400
 STREAM_MAXLEN = 1_000_000
+NEAR_BOUND = 0.9
+_COLUMNS = (
+    OutboxEvent.id,
+    OutboxEvent.event_id,
+    OutboxEvent.merchant_id,
+    OutboxEvent.seq,
+    OutboxEvent.payload,
+)
+_HELD_BY_ME = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :lock "
+    "AND granted AND pid = pg_backend_pid()"
+)
+
+
+class LeadershipLostError(RuntimeError):
+    """The numbering transaction found its session without the leadership lock."""
 
 
 class Relay:
@@ -51,8 +88,10 @@ class Relay:
         self.batch = batch
         self.mark_delay = mark_delay  # fault-injection knob for tests: widen the kill window
 
-    async def run_once(self) -> int:
-        rows = await self._next_batch()
+    async def run_once(self, leader: AsyncConnection | None = None) -> int:
+        """Publish one batch. ``leader``: the session holding the leadership lock (the
+        numbering runs on it); without one, the batch's transaction takes the lock."""
+        rows = await self._next_batch(leader)
         if not rows:
             return 0
         pipe = self.redis.pipeline(transaction=False)
@@ -66,7 +105,10 @@ class Relay:
                 approximate=True,
             )
         pipe.expire(self.stream, STREAM_TTL_SECONDS)
-        await pipe.execute()
+        pipe.xlen(self.stream)
+        pipe.xrange(self.stream, "-", "+", count=1)
+        *_, length, oldest = await pipe.execute()
+        _measure_stream(int(length), oldest)
         if self.mark_delay:
             await asyncio.sleep(self.mark_delay)
         async with atomic(self.engine) as conn:
@@ -78,38 +120,41 @@ class Relay:
         OUTBOX_PUBLISHED.inc(len(rows))
         return len(rows)
 
-    async def _next_batch(self) -> list[Any]:
+    async def _next_batch(self, leader: AsyncConnection | None) -> list[Any]:
         """Events numbered but not yet marked sent (a relay died mid-batch) go first, in
         their numbered order; otherwise number the next committed events, in the order
         they became visible, per merchant, and persist the numbers before publishing so a
-        republished event keeps its ``seq``."""
-        columns = (
-            OutboxEvent.id,
-            OutboxEvent.event_id,
-            OutboxEvent.merchant_id,
-            OutboxEvent.seq,
-            OutboxEvent.payload,
-        )
+        republished event keeps its ``seq``. Nothing, unless this transaction leads."""
+        if leader is not None:
+            async with leader.begin():
+                await _verify_leading(leader)
+                return await self._claim(leader)
         async with atomic(self.engine) as conn:
-            pending = (
-                await conn.execute(
-                    select(*columns)
-                    .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_not(None))
-                    .order_by(OutboxEvent.merchant_id, OutboxEvent.seq)
-                    .limit(self.batch)
-                )
-            ).all()
-            if pending:
-                return list(pending)
-            fresh = (
-                await conn.execute(
-                    select(*columns)
-                    .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_(None))
-                    .order_by(OutboxEvent.id)
-                    .limit(self.batch)
-                )
-            ).all()
-            numbered = await _number(conn, fresh)
+            if not await _lead_this_transaction(conn):
+                return []
+            return await self._claim(conn)
+
+    async def _claim(self, conn: AsyncConnection) -> list[Any]:
+        pending = (
+            await conn.execute(
+                select(*_COLUMNS)
+                .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_not(None))
+                .order_by(OutboxEvent.merchant_id, OutboxEvent.seq)
+                .limit(self.batch)
+            )
+        ).all()
+        if pending:
+            return list(pending)
+        fresh = (
+            await conn.execute(
+                select(*_COLUMNS)
+                .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_(None))
+                .order_by(OutboxEvent.id)
+                .limit(self.batch)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        numbered = await _number(conn, fresh)
         return sorted(numbered, key=lambda row: (row.merchant_id, row.seq))
 
     async def run_forever(
@@ -128,7 +173,7 @@ class Relay:
                     while not stop():
                         await _still_leading(lock_conn)
                         try:
-                            published = await self.run_once()
+                            published = await self.run_once(lock_conn)
                         except Exception as exc:  # Redis or storage down: retry next tick
                             log.warning("relay_tick_failed", error=type(exc).__name__)
                             published = 0
@@ -155,7 +200,7 @@ async def _number(conn: AsyncConnection, rows: Sequence[Any]) -> list[_Numbered]
         counts[row.merchant_id] += 1
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     last: dict[str, int] = {}
-    for merchant_id, count in counts.items():
+    for merchant_id, count in sorted(counts.items()):  # one lock order: no deadlock
         upsert = (
             dialect.insert(MerchantOutboxSeq)
             .values(merchant_id=merchant_id, seq=count)
@@ -174,7 +219,7 @@ async def _number(conn: AsyncConnection, rows: Sequence[Any]) -> list[_Numbered]
     if numbered:
         await conn.execute(
             update(OutboxEvent)
-            .where(OutboxEvent.id == bindparam("row_id"))
+            .where(OutboxEvent.id == bindparam("row_id"), OutboxEvent.seq.is_(None))
             .values(seq=bindparam("row_seq")),
             [{"row_id": row.id, "row_seq": row.seq} for row in numbered],
         )
@@ -191,6 +236,36 @@ async def _lead(conn: AsyncConnection) -> None:
         await asyncio.sleep(1.0)
     await conn.commit()  # keep the session lock, end the transaction
     log.info("relay_leading")
+
+
+async def _verify_leading(conn: AsyncConnection) -> None:
+    """Inside the numbering transaction, on the lock's own session: raise unless this
+    session holds the leadership lock (Postgres); no-op on SQLite."""
+    if conn.dialect.name != "postgresql":
+        return
+    held = await conn.execute(text(_HELD_BY_ME), {"lock": LOCK_ID})
+    if not held.scalar():
+        raise LeadershipLostError("this session no longer holds the relay lock")
+
+
+async def _lead_this_transaction(conn: AsyncConnection) -> bool:
+    """A tick without a lock session leads for its transaction only, if no relay leads."""
+    if conn.dialect.name != "postgresql":
+        return True
+    taken = await conn.execute(text("SELECT pg_try_advisory_xact_lock(:lock)"), {"lock": LOCK_ID})
+    return bool(taken.scalar())
+
+
+def _measure_stream(length: int, oldest: list[Any]) -> None:
+    OUTBOX_STREAM_ENTRIES.set(length)
+    OUTBOX_STREAM_MAXLEN.set(STREAM_MAXLEN)
+    if oldest:
+        entry_id = oldest[0][0]
+        text_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        first_ms = int(text_id.split("-", 1)[0])  # a stream id is <ms>-<n>
+        OUTBOX_STREAM_OLDEST_AGE.set(max(0.0, time.time() - first_ms / 1000))
+    if length >= NEAR_BOUND * STREAM_MAXLEN:
+        log.warning("outbox_stream_near_bound", entries=length, maxlen=STREAM_MAXLEN)
 
 
 async def _still_leading(conn: AsyncConnection) -> None:
