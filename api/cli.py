@@ -104,6 +104,29 @@ def create_key(
     typer.echo(api_key)
 
 
+@admin.command("new-epoch")
+def new_epoch() -> None:
+    """Renew the database's epoch after a restore: every Redis entry cached before it is
+    never served again (SPEC §3.6). Run it on the restored database before serving."""
+    from api.db import create_engine
+    from api.idempotency.epoch import renew_epoch
+    from api.migrate import migrate
+
+    settings = Settings()
+    migrate(settings)
+
+    async def run() -> tuple[str | None, str]:
+        engine = create_engine(settings)
+        try:
+            return await renew_epoch(engine)
+        finally:
+            await engine.dispose()
+
+    old, new = asyncio.run(run())
+    typer.echo(f"previous epoch: {old or '-'}")
+    typer.echo(f"new epoch: {new}")
+
+
 @admin.command("list-keys")
 def list_keys(
     merchant: Annotated[str | None, typer.Option(help="Only this merchant's keys.")] = None,
@@ -228,8 +251,15 @@ def simulate(
 @app.command()
 def relay(
     once: Annotated[bool, typer.Option("--once", help="Publish one batch and exit.")] = False,
+    metrics_port: Annotated[
+        int, typer.Option(help="Serve the relay's Prometheus metrics on this port (0: off).")
+    ] = 0,
 ) -> None:
     """Publish outbox events to the Redis Stream (at least once, in order per merchant)."""
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)  # the stream's length, age and bound (docs/operations)
     from api.db import create_engine
     from api.main import create_redis
     from api.outbox.relay import Relay
@@ -292,7 +322,11 @@ def purge() -> None:
     async def run() -> None:
         engine = create_engine(settings)
         try:
-            report = await run_purge(engine, retention_seconds=settings.tombstone_retention)
+            report = await run_purge(
+                engine,
+                retention_seconds=settings.tombstone_retention,
+                tolerance_seconds=settings.clock_skew_tolerance,
+            )
         finally:
             await engine.dispose()
         typer.echo(

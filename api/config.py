@@ -67,6 +67,15 @@ class Settings(BaseSettings):
             " kept; also the captured_at age limit."
         ),
     )
+    clock_skew_tolerance: float = Field(
+        default=300.0,
+        ge=0,
+        description=(
+            "Seconds (or a duration like 5m) a captured_at or UUIDv7 key time may run ahead of"
+            " the server's clock; further ahead is 422 clock_skew. Tombstones are kept at least"
+            " tombstone_retention + this."
+        ),
+    )
     rate_limit: str = Field(
         default="600/second", description="Per-API-key limit in `limits` notation, e.g. 100/second."
     )
@@ -120,7 +129,7 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         return self.resolved_database_url.startswith("sqlite")
 
-    @field_validator("tombstone_retention", mode="before")
+    @field_validator("tombstone_retention", "clock_skew_tolerance", mode="before")
     @classmethod
     def _parse_duration(cls, value: object) -> object:
         if isinstance(value, str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from alembic import command
@@ -24,7 +25,21 @@ def alembic_config(settings: Settings) -> Config:
 
 
 def migrate(settings: Settings) -> None:
-    """Upgrade to head. Runs its own event loop: call it outside a running loop."""
+    """Upgrade to head and make sure the database has its epoch (SPEC §3.6; kept, never
+    renewed here: ``idempay admin new-epoch`` does that after a restore). Runs its own
+    event loops: call it outside a running loop."""
     if settings.is_sqlite:
         settings.var_dir.mkdir(parents=True, exist_ok=True)
     command.upgrade(alembic_config(settings), "head")
+    asyncio.run(_ensure_epoch(settings))
+
+
+async def _ensure_epoch(settings: Settings) -> None:
+    from api.db import create_engine
+    from api.idempotency.epoch import ensure_epoch
+
+    engine = create_engine(settings)
+    try:
+        await ensure_epoch(engine)
+    finally:
+        await engine.dispose()

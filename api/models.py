@@ -169,3 +169,13 @@ class OutboxEvent(Base):
         UniqueConstraint("merchant_id", "seq", name="uq_outbox_event_merchant_seq"),
         Index("ix_outbox_event_sent_at_id", "sent_at", "id"),
     )
+
+
+class DatabaseEpoch(Base):
+    """The database's identity for the Redis cache (SPEC §3.6): one row, written at
+    ``idempay migrate`` and renewed by ``idempay admin new-epoch`` after a restore."""
+
+    __tablename__ = "database_epoch"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[str] = mapped_column(String(36))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

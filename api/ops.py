@@ -88,10 +88,14 @@ async def idempotency_policy(request: Request) -> dict[str, Any]:
         "tombstone_retention_seconds": retention,
         "request_event_retention_seconds": retention,
         "captured_at_max_age_seconds": retention,
+        "clock_skew_tolerance_seconds": settings.clock_skew_tolerance,
+        "tombstone_min_age_seconds": retention + settings.clock_skew_tolerance,
         "response_retention": "permanent (stored with the key)",
         "lease_seconds": settings.lease_seconds,
         "issuer_timeout_seconds": settings.issuer_timeout,
         "issuer_deadline_seconds": settings.issuer_deadline,
-        "rule": "A create whose captured_at is older than the tombstone retention window is "
-        "refused (410 request_expired), so no late original can outlive its tombstone.",
+        "rule": "A create whose captured_at (or UUIDv7 key time) is older than the tombstone "
+        "retention window is refused (410 request_expired), one further ahead of the server's "
+        "clock than the tolerance is refused (422 clock_skew), and tombstones are kept at least "
+        "retention + tolerance, so no late original can outlive its tombstone.",
     }

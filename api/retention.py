@@ -1,10 +1,12 @@
 """Retention (SPEC §3.5, README "Retention policy").
 
 Processed keys live as long as their transactions (forever). Tombstones (``aborted``,
-``expired``) and request events are deleted after ``IDEMPAY_TOMBSTONE_RETENTION``; events
-only once exported to the lake. Because creates older than the same window are refused
-(``captured_at``, or the mint time of a UUIDv7 key), no late original can outlive its
-tombstone. Purges run in bounded batches so they never hold long locks.
+``expired``) are deleted after ``IDEMPAY_TOMBSTONE_RETENTION`` +
+``IDEMPAY_CLOCK_SKEW_TOLERANCE``; request events after the retention, and only once exported
+to the lake. Creates older than the retention are refused (``captured_at``, or the mint
+time of a UUIDv7 key), and so are times further ahead of the server's clock than the
+tolerance (422 ``clock_skew``): no late original can outlive its tombstone, not even from a
+terminal whose clock runs ahead. Purges run in bounded batches so they never hold long locks.
 """
 
 from __future__ import annotations
@@ -31,10 +33,15 @@ class PurgeReport:
 
 
 async def purge(
-    engine: AsyncEngine, *, retention_seconds: float, now: datetime | None = None
+    engine: AsyncEngine,
+    *,
+    retention_seconds: float,
+    tolerance_seconds: float,
+    now: datetime | None = None,
 ) -> PurgeReport:
+    """Tombstones go at retention + clock-skew tolerance, events and the outbox at retention."""
     cutoff = (now or utcnow()) - timedelta(seconds=retention_seconds)
-    tombstones = await _purge_keys(engine, cutoff)
+    tombstones = await _purge_keys(engine, cutoff - timedelta(seconds=tolerance_seconds))
     events = await _purge_events(engine, cutoff)
     outbox = await _purge_outbox(engine, cutoff)
     PURGED.labels("idempotency_key").inc(tombstones)

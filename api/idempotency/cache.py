@@ -1,9 +1,18 @@
 """Redis, strictly advisory (DESIGN.md): it only remembers answers Postgres committed.
 
 - completed responses (``resp:``) with the request fingerprint, for replays;
-- the current transaction body (``txn:``), for lookups; dropped around a reversal;
+- the current transaction body (``txn:``), for lookups, stored as ``<version>:<body>``
+  (version 1: approved or declined, 2: reversed; ``2:`` alone is the reversal's marker,
+  "ask the database"). Every write is a compare-and-set on the version (a Lua script), so a
+  writer that read "approved" before a reversal committed can never overwrite what the
+  reversal wrote (SPEC §3.7);
 - an in-flight hint (``busy:``) so a concurrent duplicate gets 409 without a database
-  round trip while a slow issuer call is in progress.
+  round trip while a slow issuer call is in progress; a fence overwrites it with
+  ``fenced`` and a claim only sets it if absent, so it never hides a fence.
+
+Every key carries the database's epoch (``api/idempotency/epoch.py``, SPEC §3.6): after a
+restore and ``idempay admin new-epoch`` no entry from before is read again. Until the
+epoch is known the cache is off.
 
 Postgres decides every claim; nothing here grants ownership. Every key has a TTL. Every
 Redis error degrades to "miss" and opens a one-second circuit so a dead Redis costs one
@@ -23,6 +32,18 @@ from api.metrics import CACHE
 
 log = structlog.get_logger("idempay.cache")
 CIRCUIT_SECONDS = 1.0
+APPROVED_OR_DECLINED, REVERSED = 1, 2  # a transaction's states, in the only order they go
+FENCED = "fenced"
+# SET the lookup entry unless the one there has a higher version (a reversal's).
+_PUT_VERSIONED = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local version = tonumber(string.match(current, '^(%d+):'))
+  if version and version > tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'EX', ARGV[3])
+return 1
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,17 +64,30 @@ class ResponseCache:
         self._lookup_ttl = max(1, int(lookup_ttl))
         self._busy_ttl = max(1, int(busy_ttl))
         self._open_until = 0.0
+        self._epoch: str | None = None
 
     @property
     def enabled(self) -> bool:
         return self._redis is not None
 
+    @property
+    def epoch(self) -> str | None:
+        return self._epoch
+
+    def bind_epoch(self, epoch: str | None) -> None:
+        """The database's epoch; entries of any other epoch are never read."""
+        self._epoch = epoch
+
     def _key(self, kind: str, merchant_id: str, key: str) -> str:
         # {merchant} is a Redis Cluster hash tag: one merchant's keys share a slot.
-        return f"{self._prefix}{kind}:{{{merchant_id}}}:{key}"
+        return f"{self._prefix}{kind}:{self._epoch}:{{{merchant_id}}}:{key}"
 
     def _usable(self) -> bool:
-        return self._redis is not None and time.monotonic() >= self._open_until
+        return (
+            self._redis is not None
+            and self._epoch is not None
+            and time.monotonic() >= self._open_until
+        )
 
     def _trip(self, exc: BaseException) -> None:
         self._open_until = time.monotonic() + CIRCUIT_SECONDS
@@ -78,7 +112,8 @@ class ResponseCache:
         if raw:
             data = json.loads(raw)
             cached = CachedResponse(data["fp"], data["status"], data["body"].encode(), data["t"])
-        return cached, busy.decode() if busy else None
+        in_flight = busy.decode() if busy else None
+        return cached, None if in_flight == FENCED else in_flight
 
     async def put_response(
         self,
@@ -91,7 +126,8 @@ class ResponseCache:
         terminal_id: str | None,
         created: bool = False,
     ) -> None:
-        """Remember a committed answer; a fresh creation also primes the lookup cache."""
+        """Remember a committed answer; a fresh creation also primes the lookup cache (as
+        version 1: it loses to a reversal that committed in between)."""
         if not self._usable():
             return
         value = json.dumps(
@@ -101,7 +137,8 @@ class ResponseCache:
             pipe = self._redis.pipeline(transaction=False)  # type: ignore[union-attr]
             pipe.set(self._key("resp", merchant_id, key), value, ex=self._ttl)
             if created:
-                pipe.set(self._key("txn", merchant_id, key), body, ex=self._lookup_ttl)
+                txn = self._key("txn", merchant_id, key)
+                pipe.eval(_PUT_VERSIONED, 1, txn, APPROVED_OR_DECLINED, body, self._lookup_ttl)
             await pipe.execute()
         except Exception as exc:
             self._trip(exc)
@@ -114,20 +151,51 @@ class ResponseCache:
         except Exception as exc:
             self._trip(exc)
             return None
-        CACHE.labels("hit" if raw else "miss").inc()
-        return bytes(raw) if raw else None
+        body = bytes(raw).split(b":", 1)[1] if raw else b""
+        CACHE.labels("hit" if body else "miss").inc()
+        return body or None  # the reversal's bare marker is a miss: ask the database
 
-    async def put_lookup(self, merchant_id: str, key: str, body: bytes) -> None:
-        await self._set(self._key("txn", merchant_id, key), body, self._lookup_ttl)
+    async def put_lookup(
+        self, merchant_id: str, key: str, body: bytes, *, reversed_: bool = False
+    ) -> None:
+        """Fill the lookup cache from a database read, unless a reversal got there first."""
+        version = REVERSED if reversed_ else APPROVED_OR_DECLINED
+        await self._put_versioned(merchant_id, key, version, body)
+
+    async def mark_reversing(self, merchant_id: str, key: str) -> None:
+        """Before a reversal commits: from now on no "approved" may be cached for the key."""
+        await self._put_versioned(merchant_id, key, REVERSED, b"")
 
     async def drop_lookup(self, merchant_id: str, key: str) -> None:
         await self._delete(self._key("txn", merchant_id, key))
 
     async def mark_busy(self, merchant_id: str, key: str, fingerprint: str) -> None:
-        await self._set(self._key("busy", merchant_id, key), fingerprint, self._busy_ttl)
+        if not self._usable():
+            return
+        name = self._key("busy", merchant_id, key)
+        try:  # never over a fence's marker
+            await self._redis.set(name, fingerprint, ex=self._busy_ttl, nx=True)  # type: ignore[union-attr]
+        except Exception as exc:
+            self._trip(exc)
 
     async def clear_busy(self, merchant_id: str, key: str) -> None:
         await self._delete(self._key("busy", merchant_id, key))
+
+    async def mark_fenced(self, merchant_id: str, key: str) -> None:
+        """After a fence commits: a busy hint left by a dead or late claimer must not answer
+        409 for a key whose answer is now 410."""
+        await self._set(self._key("busy", merchant_id, key), FENCED, self._busy_ttl)
+
+    async def _put_versioned(self, merchant_id: str, key: str, version: int, body: bytes) -> None:
+        if not self._usable():
+            return
+        # A reversed entry is final: it outlives any writer that could still hold an older read.
+        ttl = self._ttl if version == REVERSED else self._lookup_ttl
+        name = self._key("txn", merchant_id, key)
+        try:
+            await self._redis.eval(_PUT_VERSIONED, 1, name, version, body, ttl)  # type: ignore[union-attr]
+        except Exception as exc:
+            self._trip(exc)
 
     async def _set(self, name: str, value: str | bytes, ttl: int) -> None:
         if not self._usable():

@@ -18,15 +18,21 @@ NOT_FOUND = ApiError(404, "not_found", "Nothing was processed under this key.")
 ABORTED_DETAIL = "The key was fenced by an abort; it was not and will not be processed."
 
 
-async def _current_body(service: TransactionService, record: KeyRecord) -> bytes:
+async def _current(service: TransactionService, record: KeyRecord) -> tuple[bytes, bool]:
+    """The transaction body as the database has it now, and whether it is reversed."""
     async with service.reader.connect() as conn:
         txn = await repository.get(conn, record.merchant_id, record.key)
     if txn is None:  # completed keys always have their transaction (one commit)
         raise RuntimeError("completed key without transaction")
-    return repository.render(txn).encode()
+    return repository.render(txn).encode(), txn.status == "reversed"
+
+
+async def _current_body(service: TransactionService, record: KeyRecord) -> bytes:
+    return (await _current(service, record))[0]
 
 
 async def lookup(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+    await service.refresh_epoch()
     cached = await service.cache.get_lookup(merchant_id, key)
     if cached is not None:
         return Outcome(200, cached, "found", "processed")
@@ -35,8 +41,9 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
         return from_error(NOT_FOUND, event="not_found", idempotency_status="not_found")
     terminal = record.terminal_id
     if record.state == store.COMPLETED:
-        body = await _current_body(service, record)
-        await service.cache.put_lookup(merchant_id, key, body)
+        body, reversed_ = await _current(service, record)
+        # versioned: if a reversal committed since our read, its entry wins (SPEC §3.7)
+        await service.cache.put_lookup(merchant_id, key, body, reversed_=reversed_)
         return Outcome(200, body, "found", "processed", terminal_id=terminal)
     if record.state == store.PROCESSING:
         return service.processing(key, terminal, "processing")
@@ -48,6 +55,7 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
 
 
 async def abort(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+    await service.refresh_epoch()
     record = await service.read(merchant_id, key)
     if record is None:
         now = utcnow()
@@ -101,9 +109,10 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
             )
         if token is not None:
             await service.fence_owned(record, token)
-            again = await service.read(record.merchant_id, key)
-            if again is not None and again.state != store.PROCESSING:
-                return await _abort_existing(service, again)
+        # Fenced by us, or the take-over lost to a completion or a fence: tell the truth.
+        again = await service.read(record.merchant_id, key)
+        if again is not None and again.state != store.PROCESSING:
+            return await _abort_existing(service, again)
     error = ApiError(
         409,
         "request_in_progress",
@@ -116,6 +125,7 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
 
 
 async def reverse(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+    await service.refresh_epoch()
     record = await service.read(merchant_id, key)
     if record is None:
         return from_error(NOT_FOUND, event="rejected", idempotency_status="not_found")
@@ -135,7 +145,6 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
         return from_error(
             error, event="rejected", idempotency_status=record.state, terminal_id=terminal
         )
-    await service.cache.drop_lookup(merchant_id, key)
     async with atomic(service.engine) as conn:
         txn = await repository.get(conn, merchant_id, key)
         if txn is None:
@@ -145,6 +154,9 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
             return from_error(
                 error, event="rejected", idempotency_status="processed", terminal_id=terminal
             )
+        # Before the commit: from here on no cache writer may store "approved" for the key,
+        # whenever its database read was (SPEC §3.7).
+        await service.cache.mark_reversing(merchant_id, key)
         now = utcnow()
         reversed_now = await repository.reverse(conn, txn, now=now)
         if reversed_now:
@@ -158,13 +170,13 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
                 data=data,
                 now=now,
             )
-    await service.cache.drop_lookup(merchant_id, key)
     if reversed_now:  # the reversal is committed; telling the issuer is best effort here and
         # carried by the outbox's transaction.reversed event for the acquirer connector
         with contextlib.suppress(Exception):
             await service.issuer.void(
                 service.issuer_key(merchant_id, key), amount=txn.amount, currency=txn.currency
             )
-    body = await _current_body(service, record)
+    body, is_reversed = await _current(service, record)
+    await service.cache.put_lookup(merchant_id, key, body, reversed_=is_reversed)
     event = "reversed" if reversed_now else "already_reversed"
     return Outcome(200, body, event, "processed", terminal_id=terminal)

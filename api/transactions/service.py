@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import time
 from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -23,6 +24,7 @@ from api.db import atomic, utcnow
 from api.errors import ApiError
 from api.idempotency import store
 from api.idempotency.cache import ResponseCache
+from api.idempotency.epoch import read_epoch
 from api.idempotency.keys import body_fingerprint, uuid7_time
 from api.idempotency.store import KeyRecord
 from api.metrics import IN_FLIGHT
@@ -51,6 +53,9 @@ def _key_reused(idempotency_status: str, terminal_id: str | None) -> Outcome:
     )
 
 
+EPOCH_RECHECK_SECONDS = 5.0
+
+
 class _KeyTaken(Exception):
     """Another request inserted the key first: roll back and answer from its row."""
 
@@ -76,8 +81,30 @@ class TransactionService:
         self.issuer = issuer
         self.settings = settings
         self.cache = cache or ResponseCache(None, prefix="", ttl=1, lookup_ttl=1, busy_ttl=1)
+        self._epoch_due = 0.0
+        self._epoch_task: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- helpers
+    async def bind_epoch(self) -> None:
+        """Bind the cache to the database's epoch (SPEC §3.6); keep the known one if the
+        database does not answer in time."""
+        try:
+            async with asyncio.timeout(self.settings.db_timeout), self.reader.connect() as conn:
+                self.cache.bind_epoch(await read_epoch(conn))
+        except Exception:  # storage down: the cache stays bound to what we knew (or off)
+            return
+
+    async def refresh_epoch(self) -> None:
+        """Before using the cache: the first time, wait for the epoch; after that re-read it
+        every few seconds in the background, so a running server follows a new epoch."""
+        if not self.cache.enabled or time.monotonic() < self._epoch_due:
+            return
+        self._epoch_due = time.monotonic() + EPOCH_RECHECK_SECONDS
+        if self.cache.epoch is None:
+            await self.bind_epoch()
+        elif self._epoch_task is None or self._epoch_task.done():
+            self._epoch_task = asyncio.create_task(self.bind_epoch())
+
     def retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.settings.retry_after_seconds)}
 
@@ -107,6 +134,7 @@ class TransactionService:
     async def create(
         self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str
     ) -> Outcome:
+        await self.refresh_epoch()
         cached, busy = await self.cache.before_create(merchant_id, key)
         if cached is not None:  # a committed answer: replay it, or refuse a different body
             return self._answer_completed(
@@ -116,6 +144,8 @@ class TransactionService:
             return self._in_progress(body.terminal_id)
         record = await self.read(merchant_id, key)  # one autocommit round trip on Postgres
         now = utcnow()
+        if record is None and (skew := self._clock_skew(body, key, now)) is not None:
+            return skew
         claimed = False
         outcome: Outcome | None = None
         if record is None and not self._too_late(body, key, now):
@@ -202,6 +232,28 @@ class TransactionService:
             return True
         minted = uuid7_time(key)
         return minted is not None and minted < oldest
+
+    def _clock_skew(self, body: TransactionCreate, key: str, now: datetime) -> Outcome | None:
+        """422 ``clock_skew`` for a time further ahead than the tolerance (SPEC §3.5): the age
+        of a request is judged on the server's clock, and a terminal whose clock runs ahead
+        must not carry a request past the tombstone that fenced it. Nothing is stored."""
+        latest = now + timedelta(seconds=self.settings.clock_skew_tolerance)
+        minted = uuid7_time(key)
+        if body.captured_at is not None and body.captured_at > latest:
+            field = "captured_at"
+        elif minted is not None and minted > latest:
+            field = "the Idempotency-Key's UUIDv7 time"
+        else:
+            return None
+        error = ApiError(
+            422,
+            "clock_skew",
+            f"{field} is more than {self.settings.clock_skew_tolerance:g} s ahead of the "
+            "server's clock; correct the terminal's clock (nothing was stored under the key).",
+        )
+        return from_error(
+            error, event="rejected", idempotency_status="not_found", terminal_id=body.terminal_id
+        )
 
     async def _claim(
         self,
@@ -367,6 +419,7 @@ class TransactionService:
             IN_FLIGHT.dec()
         async with atomic(self.engine) as conn:
             text = await self._finish(conn, merchant_id, key, body, auth, token, created_at)
+        await self.refresh_epoch()
         await self.cache.clear_busy(merchant_id, key)
         if text is None:  # someone took the key over: answer with the winner's result
             record = await self._must_read(merchant_id, key)
@@ -377,6 +430,8 @@ class TransactionService:
                         amount=body.amount,
                         currency=body.currency,
                     )
+            if record.state == store.PROCESSING:  # re-driven by its new owner: the server
+                return self.processing(key, body.terminal_id, event)  # finishes it (202)
             return await self.existing(record, record.fingerprint or "")
         outcome = Outcome(201, text.encode(), event, "created", terminal_id=body.terminal_id)
         await self.remember(merchant_id, key, body_fingerprint(body), outcome)
@@ -503,10 +558,12 @@ class TransactionService:
         connector that cannot enlist voids from the ``transaction.aborted`` outbox event."""
         now = utcnow()
         request = TransactionCreate.model_validate_json(record.request or "{}")
+        fenced = False
         async with atomic(self.engine) as conn:
             if await store.fence_owned(
                 conn, merchant_id=record.merchant_id, key=record.key, token=token, now=now
             ):
+                fenced = True
                 await self.issuer.void(
                     self.issuer_key(record.merchant_id, record.key),
                     amount=request.amount,
@@ -521,3 +578,6 @@ class TransactionService:
                     data={"id": record.key, "status": "aborted"},
                     now=now,
                 )
+        if fenced:
+            await self.refresh_epoch()
+            await self.cache.mark_fenced(record.merchant_id, record.key)

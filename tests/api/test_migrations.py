@@ -116,3 +116,32 @@ def test_a_migration_waits_for_the_migration_lock(tmp_path: Path) -> None:
             migration.kill()
             migration.wait()
         drop_database(name)
+
+
+def test_migrate_writes_an_epoch_that_only_new_epoch_renews(tmp_path: Path) -> None:
+    """SPEC §3.6: the epoch Redis entries are bound to is written at `idempay migrate`,
+    kept by every later migrate (a restart must not retire the cache), and renewed by
+    `idempay admin new-epoch` (after a restore)."""
+    name = create_database("idempay_mig")
+    env = {**os.environ, "IDEMPAY_DATABASE_URL": pg_url(name)}
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "api", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        return done.stdout
+
+    try:
+        run("migrate")
+        first = _psql(name, "SELECT epoch FROM database_epoch")
+        assert len(first) == 36
+        run("migrate")
+        assert _psql(name, "SELECT epoch FROM database_epoch") == first
+        out = run("admin", "new-epoch")
+        renewed = _psql(name, "SELECT epoch FROM database_epoch")
+        assert renewed != first and len(renewed) == 36
+        assert f"previous epoch: {first}" in out and f"new epoch: {renewed}" in out
+        assert _psql(name, "SELECT count(*) FROM database_epoch") == "1"
+    finally:
+        drop_database(name)

@@ -3,6 +3,7 @@ a late create for a purged key is refused by the age rule rather than processed.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -10,6 +11,10 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import update
+
+from api.db import create_engine
+from api.models import IdempotencyKey
 from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, new_key
 from tests.support.services import ROOT
@@ -24,11 +29,11 @@ def _uuid7(at: datetime) -> str:
     return str(uuid.UUID(int=raw))
 
 
-def _purge(backend: Backend) -> str:
+def _purge(backend: Backend, window: dict[str, str] = WINDOW) -> str:
     return subprocess.run(
         [sys.executable, "-m", "api", "purge"],
         cwd=ROOT,
-        env={**os.environ, **backend.env, **WINDOW},
+        env={**os.environ, **backend.env, **window},
         capture_output=True,
         text=True,
         check=True,
@@ -115,5 +120,90 @@ def test_expired_key_mint_time_is_checked_only_for_new_keys(pg_backend: Backend)
         assert_problem(api.create(old), 410, "request_expired")
         fresh = _uuid7(datetime.now(UTC))
         assert api.create(fresh).status_code == 201
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------- clocks ahead (issue 14, item 2)
+SKEW = {"IDEMPAY_TOMBSTONE_RETENTION": "60s", "IDEMPAY_CLOCK_SKEW_TOLERANCE": "30s"}
+
+
+def _age_tombstones(backend: Backend, keys: list[str], seconds: float) -> None:
+    """As if these keys had been fenced ``seconds`` ago (no sleeping through the window)."""
+
+    async def run() -> None:
+        engine = create_engine(backend.settings)
+        try:
+            async with engine.begin() as conn:
+                then = datetime.now(UTC) - timedelta(seconds=seconds)
+                await conn.execute(
+                    update(IdempotencyKey)
+                    .where(IdempotencyKey.key.in_(keys))
+                    .values(created_at=then, updated_at=then)
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(run())
+
+
+def _keys_left(backend: Backend, keys: list[str]) -> set[str]:
+    rows = backend.sql(
+        "SELECT key FROM idempotency_key WHERE key IN (" + ", ".join(f"'{k}'" for k in keys) + ")"
+    )
+    return {row[0] for row in rows}
+
+
+def test_a_clock_ahead_cannot_outlive_a_purged_tombstone(private_backend: Backend) -> None:
+    """Issue 14, item 2: abort K, purge once the tombstone is older than the retention, then
+    the late original with a terminal clock ahead (within the tolerance) arrives. The purge
+    must have kept the tombstone (retention + tolerance): 410, never a 201 after 'aborted'."""
+    backend = private_backend
+    server = backend.server(**SKEW)
+    api = Api(server.url, backend.api_key("merchant-clock-ahead"))
+    try:
+        now = datetime.now(UTC)
+        v4 = new_key()
+        v7 = _uuid7(now + timedelta(seconds=20))  # minted by a clock 20 s ahead
+        for key in (v4, v7):
+            assert api.abort(key).json()["status"] == "aborted"
+        _age_tombstones(backend, [v4, v7], 70)  # past the retention, within retention + skew
+        _purge(backend, SKEW)
+
+        ahead = (datetime.now(UTC) + timedelta(seconds=20)).isoformat()
+        assert_problem(api.create(v4, body(captured_at=ahead)), 410, "transaction_aborted")
+        assert_problem(api.create(v7, body()), 410, "transaction_aborted")
+        assert _keys_left(backend, [v4, v7]) == {v4, v7}
+
+        _age_tombstones(backend, [v4, v7], 95)  # past retention + tolerance: now they may go
+        _purge(backend, SKEW)
+        assert _keys_left(backend, [v4, v7]) == set()
+        assert backend.sql('SELECT count(*) FROM "transaction"')[0][0] == 0
+    finally:
+        server.stop()
+
+
+def test_a_time_too_far_ahead_is_422_clock_skew_and_nothing_is_stored(
+    private_backend: Backend,
+) -> None:
+    backend = private_backend
+    server = backend.server(**SKEW)
+    api = Api(server.url, backend.api_key("merchant-clock-skew"))
+    try:
+        far = datetime.now(UTC) + timedelta(minutes=5)
+        v4, v7 = new_key(), _uuid7(far)
+        problem = assert_problem(
+            api.create(v4, body(captured_at=far.isoformat())), 422, "clock_skew"
+        )
+        assert "captured_at" in problem["detail"]
+        assert_problem(api.create(v7, body()), 422, "clock_skew")
+        assert _keys_left(backend, [v4, v7]) == set()
+        assert backend.sql('SELECT count(*) FROM "transaction"')[0][0] == 0
+        # the same key with a sane clock is processed: nothing was stored under it
+        assert api.create(v4, body(captured_at=datetime.now(UTC).isoformat())).status_code == 201
+        with api.client() as client:
+            policy = client.get("/v1/idempotency-policy").json()
+        assert policy["clock_skew_tolerance_seconds"] == 30.0
+        assert policy["tombstone_min_age_seconds"] == 90.0
     finally:
         server.stop()

@@ -4,18 +4,26 @@ a cached answer is never served for a different payload."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
+import shutil
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import aiohttp
+import httpx
 import redis
 
 from tests.support.backend import Backend
-from tests.support.client import Api, assert_problem, body, new_key
+from tests.support.client import Api, assert_problem, body, card, new_key
 from tests.support.forwarder import Forwarder
-from tests.support.services import RedisServer, pg_url
+from tests.support.services import ROOT, RedisServer, pg_url
 
 
 async def _mixed_load(api: Api, keys: list[str], rounds: int) -> Counter[int]:
@@ -126,3 +134,127 @@ def test_lookup_cache_is_dropped_by_a_reversal(
         assert ttls and all(ttl > 0 for ttl in ttls), ttls  # every Redis key has a TTL
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------ issue 14, items 3 and smaller
+def _backup(backend: Backend, where: Path) -> None:
+    if backend.name == "postgres":
+        database = (backend.database_url or "").rsplit("/", 1)[1]
+        subprocess.run(
+            ["pg_dump", "-h", "127.0.0.1", "-U", "postgres", "-Fc", "-f", str(where), database],
+            check=True,
+        )
+    else:  # the embedded database is one file (the server is stopped: no WAL pending)
+        shutil.copyfile(backend.tmp / "var" / "idempay.db", where)
+
+
+def _restore(backend: Backend, where: Path) -> None:
+    if backend.name == "postgres":
+        database = (backend.database_url or "").rsplit("/", 1)[1]
+        subprocess.run(
+            ["pg_restore", "-h", "127.0.0.1", "-U", "postgres", "--clean", "--if-exists",
+             "--single-transaction", "-d", database, str(where)],
+            check=True,
+        )  # fmt: skip
+    else:
+        var = backend.tmp / "var"
+        for leftover in ("idempay.db-wal", "idempay.db-shm"):
+            (var / leftover).unlink(missing_ok=True)
+        shutil.copyfile(where, var / "idempay.db")
+
+
+def _new_epoch(backend: Backend) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "api", "admin", "new-epoch"],
+        cwd=ROOT,
+        env={**os.environ, **backend.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_restored_database_is_never_contradicted_by_redis(
+    private_backend: Backend, private_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Issue 14, item 3: back up, approve K (cached in Redis), restore the backup, renew
+    the epoch, retry K with Redis kept: the cache from before the restore must not answer —
+    the lookup says 404 and the retry is processed (once) against the restored database."""
+    backend = private_backend
+    api_key = backend.api_key("merchant-restore")
+    backup = tmp_path / "backup"
+    _backup(backend, backup)
+    server = backend.server(IDEMPAY_REDIS_URL=private_redis.url)
+    api = Api(server.url, api_key)
+    key = new_key()
+    try:
+        first = api.create(key)
+        assert first.status_code == 201 and first.json()["status"] == "approved"
+        assert api.lookup(key).status_code == 200  # cached: create primes the lookup cache
+    finally:
+        server.stop()
+    _restore(backend, backup)
+    assert backend.sql("SELECT count(*) FROM idempotency_key")[0][0] == 0
+    renewed = _new_epoch(backend)
+
+    server = backend.server(IDEMPAY_REDIS_URL=private_redis.url)
+    api = Api(server.url, api_key)
+    try:
+        assert_problem(api.lookup(key), 404, "not_found")
+        retry = api.create(key)
+        assert retry.status_code == 201, retry.text
+        assert "idempotent-replayed" not in retry.headers
+        assert retry.headers["idempotency-status"] == "created"
+    finally:
+        server.stop()
+    charges = backend.sql(
+        "SELECT count(*) FROM ledger_entry WHERE transaction_id = :k AND kind = 'charge'", k=key
+    )
+    assert charges[0][0] == 1
+    assert renewed.returncode == 0, renewed.stderr
+    assert "epoch" in renewed.stdout
+
+
+def test_a_leftover_busy_marker_does_not_hide_a_fence(
+    private_pg_backend: Backend, private_redis: RedisServer
+) -> None:
+    """The server that claimed K (and marked it busy in Redis) is killed mid issuer call;
+    another server's abort fences K. A retry of K must get 410 transaction_aborted, not a
+    409 from the dead server's busy marker (which lives as long as the lease)."""
+    backend = private_pg_backend
+    env = {
+        "IDEMPAY_REDIS_URL": private_redis.url,
+        "IDEMPAY_LEASE_SECONDS": "120",  # the busy marker outlives the whole test
+        "IDEMPAY_ISSUER_TIMEOUT": "30",  # the first server is killed long before this
+    }
+    first = backend.server(**env)
+    api = Api(first.url, backend.api_key("merchant-busy"))
+    key = new_key()
+    payment = body(card=card("tok_issuer_down"))
+    sender = threading.Thread(target=lambda: _swallow(api, key, payment), daemon=True)
+    sender.start()
+    client = redis.Redis.from_url(private_redis.url)
+    deadline = time.monotonic() + 30
+    while not any(key in name.decode() for name in client.scan_iter("*busy*")):
+        assert time.monotonic() < deadline, "the claim never marked the key busy"
+        time.sleep(0.01)
+    first.kill()
+    sender.join(30)
+
+    second = backend.server(**{**env, "IDEMPAY_ISSUER_TIMEOUT": "0.5"})
+    api = Api(second.url, api.api_key)
+    try:
+        assert any(key in name.decode() for name in client.scan_iter("*busy*"))
+        deadline = time.monotonic() + 30
+        while (abort := api.abort(key)).status_code == 409:  # the grace after the claim
+            assert time.monotonic() < deadline, abort.text
+            time.sleep(0.1)
+        assert abort.json()["status"] == "aborted", abort.text
+        assert_problem(api.create(key, payment), 410, "transaction_aborted")
+    finally:
+        second.stop()
+
+
+def _swallow(api: Api, key: str, payment: dict[str, object]) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        api.create(key, payment)

@@ -29,6 +29,7 @@ from api.db import atomic, create_engine, utcnow
 from api.idempotency import store
 from api.idempotency.keys import body_fingerprint
 from api.idempotency.store import KeyRecord
+from api.transactions import resolution
 from api.transactions.issuer import SimulatedIssuer
 from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
@@ -249,3 +250,57 @@ async def test_fence_and_void_roll_back_together(service: TransactionService) ->
     result, voided_at = await _issuer_row(service, record)
     assert (result, voided_at) == ("approved", None)
     assert await _aborted_events(service, record) == 0
+
+
+# ----------------------------------------------- issue 14, the smaller ones (deterministic)
+async def test_an_original_that_loses_its_final_write_to_a_re_drive_answers_202(
+    service: TransactionService,
+) -> None:
+    """The original create's issuer call answered, but its lease ran out before the final
+    write and the completer took the key over (it is re-driving it now). The key is the
+    server's to finish: 202 processing with Retry-After, not 409 'in progress'."""
+    payment = _slow_payment()
+    record = await _claimed(service, payment)
+    await _lease_runs_out(service, record, 1)
+    current = await service.read(record.merchant_id, record.key)
+    assert current is not None
+    await _take_over(service, current)  # Completer._recover: token 2, lease live
+
+    late = await service.drive(
+        record.merchant_id,
+        record.key,
+        payment,
+        token=1,
+        created_at=record.created_at,
+        event="created",
+    )
+    assert late.status == 202, late.body
+    assert late.idempotency_status == "in_progress" and "Retry-After" in late.headers
+    assert b'"status":"processing"' in late.body
+
+
+async def test_an_abort_that_loses_its_take_over_to_a_completion_tells_the_truth(
+    service: TransactionService,
+) -> None:
+    """The abort read the key processing (lease run out), then the owner's final write
+    committed before the abort's take-over: the take-over fails on the token, and the abort
+    must answer what happened (200, the approved transaction), not 409."""
+    payment = _slow_payment()
+    record = await _claimed(service, payment)
+    await _lease_runs_out(service, record, 1)
+    stale = await service.read(record.merchant_id, record.key)  # what the abort read
+    assert stale is not None and stale.state == store.PROCESSING
+
+    auth = await service.issuer.authorize(
+        service.auth_request(record.merchant_id, record.key, payment)
+    )
+    async with atomic(service.engine) as conn:  # the owner completes in between
+        text_ = await service._finish(
+            conn, record.merchant_id, record.key, payment, auth, 1, record.created_at
+        )
+    assert text_ is not None
+
+    answer = await resolution._abort_existing(service, stale)
+    assert answer.status == 200, answer.body
+    assert answer.event == "already_processed"
+    assert b'"status":"approved"' in answer.body
