@@ -94,6 +94,7 @@ class Checks:
     requests_logged: int
     status_5xx: dict[int, int]
     server_knows: frozenset[str]  # of the keys asked about: those the server holds
+    stale_after_restore: frozenset[str]  # answered 200 after a restore, no transaction
 
 
 async def check(
@@ -106,11 +107,12 @@ async def check(
     restored_away: set[str],
     journals: Sequence[Path],
     ask: Sequence[str] = (),
+    held_after_restore: Sequence[str] = (),
 ) -> Checks:
     from api.config import Settings
     from api.db import create_engine
     from api.invariants import check_invariants
-    from api.models import IdempotencyKey, RequestEvent
+    from api.models import IdempotencyKey, RequestEvent, Transaction
 
     engine = create_engine(Settings(database_url=database_url))
     try:
@@ -138,6 +140,13 @@ async def check(
                 )
             )
             server_knows = frozenset(str(key) for (key,) in known)
+            held = await conn.execute(
+                select(Transaction.id).where(
+                    Transaction.merchant_id.in_(merchants),
+                    Transaction.id.in_(list(held_after_restore)),
+                )
+            )
+            stale = frozenset(held_after_restore) - {str(key) for (key,) in held}
     finally:
         await engine.dispose()
     return Checks(
@@ -147,6 +156,7 @@ async def check(
         requests_logged=logged,
         status_5xx=fives,
         server_knows=server_knows,
+        stale_after_restore=stale,
     )
 
 
@@ -165,6 +175,7 @@ class Result:
     journal_failures: list[tuple[str, str, str]]  # (terminal, key, kind)
     refused_skewed: int  # payments refused on a terminal whose clock is off
     restored_away: int  # keys reported between a dump and its restore
+    restore_lookups: dict[str, int]  # key → status of its lookup right after the restore
     kills: Counter[str]
     outcomes: Counter[str]
     client_counts: Counter[str]
@@ -191,6 +202,10 @@ class Result:
             ),
             ("payments refused on a clock-skewed terminal", self.refused_skewed),
             ("raw storage errors after the request reached the server", self._raw_after_send()),
+            (
+                "lookups after a restore answered from before it (no such transaction)",
+                len(self.checks.stale_after_restore),
+            ),
             (
                 "victim payments not approved within the issuer deadline (noisy neighbour)",
                 len(self.noisy.late_or_lost()) if self.kills.get("noisy_neighbour") else 0,
@@ -278,6 +293,10 @@ class Result:
             ),
             ("journal failures on terminals (kind: count)", self._journal_failures()),
             ("payments reported between a dump and its restore", str(self.restored_away)),
+            (
+                "… looked up right after the restore (status: count)",
+                _fmt_counts(dict(Counter(self.restore_lookups.values()))) or "—",
+            ),
             ("noisy neighbour: victim payments (status, seconds)", self._victims()),
             ("completer + relay drain after the run", f"{self.drained.seconds:.1f} s"),
         ]
@@ -329,6 +348,12 @@ def show(result: Result) -> None:
         console.print(f"  {violation.invariant} {violation.key}: {violation.detail}")
     for example in result.lake.examples:
         console.print(f"  {example}")
+    for terminal, key, kind in result.journal_failures:
+        if key:
+            known = "on the server" if key in result.checks.server_knows else "not on the server"
+            console.print(f"  {kind} on {terminal}: {key} ({known})")
+    for key in sorted(result.checks.stale_after_restore)[:10]:
+        console.print(f"  [red]answered 200 after the restore, no transaction: {key}")
     for error in result.errors:
         console.print(f"  [red]{error}")
 

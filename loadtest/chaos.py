@@ -8,23 +8,33 @@ What runs (all private to the run, on loopback): a PostgreSQL cluster and a Redi
 harness's own (``loadtest._chaos_services``), ``idempay serve --workers 2`` on them,
 ``idempay completer`` and ``idempay relay`` as their own processes, the chaos proxy in
 front of the API (3.5 % of requests hit a network fault), the terminals (one process
-each, SDK + journal, spread over three merchants; one with its clock 120 s behind) and a
-probe that sends a create straight to the API four times a second.
+each, SDK + journal, spread over three merchants; clocks of terminals 0, 1 and 2 run
+120 s behind, 120 s ahead (within the server's 5-minute tolerance) and 15 min ahead
+(beyond it)), a probe that sends a create straight to the API four times a second, and
+``idempay export`` of the run's days in a loop (``loadtest._chaos_phases``).
 
-The faults (``plan``): an API worker SIGKILLed, a terminal SIGKILLed and rebooted on its
-journal (it ``recover()``s first), PostgreSQL crashed (``pg_ctl -m immediate``) and
-restarted, Redis SIGKILLed and restarted empty, a 30 % loss burst on the link. Each lands
-in its own slot of the run; a 5-minute run holds every kind at least once (the API worker
-kill three times), a short run (``--duration 60``, the ``make test`` variant) each kind once.
+The faults (``plan``): an API worker SIGKILLed; a terminal SIGKILLed and rebooted on its
+journal (it ``recover()``s first); PostgreSQL crashed (``pg_ctl -m immediate``) and
+restarted; Redis SIGKILLed and restarted empty; a 30 % loss burst on the link; a
+terminal's journal disk full (RLIMIT_FSIZE on its process, flapping on and off, so some
+writes fail with a payment in flight); a database restore with Redis kept (``pg_dump``,
+selling on, API stopped, ``pg_restore``, ``idempay admin new-epoch``, API started, then a
+lookup of every payment the restore took back); a rolling restart (each API worker
+SIGTERMed in turn); a noisy neighbour (a fourth merchant floods ``tok_issuer_down``
+creates while another's ``tok_issuer_timeout`` payments must finish within the issuer
+deadline). Each lands in its own slot of the run; a 5-minute run holds every kind at
+least once (worker and terminal kills three times), a short run (the ``make test``
+variant) each kind once.
 
 After the run the terminals stop selling and settle their journals, the completer and the
-relay drain, the API stops (flushing its request events), and the checks run: SPEC §8 on
-the database and the journals (``api.invariants``), every outbox event relayed, nothing
-stuck processing, no 500 answered, no terminal process died on its own. Time to recover
-(per fault): from the injection until the component was back *and* work went through
-again — a worker/PostgreSQL/Redis fault: the probe's first successful create after the
-restart; a terminal kill: its reboot's journal recovery done; a loss burst: the fleet's
-first settled payment after the burst.
+relay drain, the API stops (flushing its request events), a final export runs, and the
+checks run: SPEC §8 on the database and the journals (``api.invariants``), every outbox
+event relayed, nothing stuck processing, no 500 answered, no terminal process died on its
+own, no payment refused for a skewed clock, no raw storage error after a send, no stale
+answer after the restore, every victim of the flood approved in time, and the lake
+(``loadtest._chaos_lake``): every request event in the database in the lake exactly once.
+Time to recover (per fault): from the injection until the component was back *and* work
+went through again (``_chaos_report._RECOVERED_BY``).
 
 Exit status 0 only when every check holds. ``--report PATH`` writes the run as Markdown
 (``docs/reliability.md`` under ``make chaos``).
@@ -45,6 +55,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from loadtest import _chaos_report as report
 from loadtest._bench_env import say
@@ -160,6 +172,7 @@ class Run:
     fleet_s: float = 0.0
     errors: list[str] = field(default_factory=list)
     restores: list[tuple[float, float]] = field(default_factory=list)  # (dump, API stopped)
+    after_restore: dict[str, int] = field(default_factory=dict)  # key → lookup status
 
     # ------------------------------------------------------------------ the faults
     def inject(self, fault: Fault) -> None:
@@ -205,14 +218,24 @@ class Run:
         fault.healed = time.monotonic()
 
     def _journal_full(self, fault: Fault) -> None:
+        """The terminal's disk fills and frees again (1 s full, 0.3 s free) for ``hold_s``:
+        the limit lands at random moments of its payments, some of them in flight."""
         victim = self.rng.choice(self.terminals)
-        pid = victim.limit_journal(JOURNAL_FULL_BYTES)
+        pids: set[int] = set()
+        flips = 0
+        until = time.monotonic() + fault.hold_s
+        while time.monotonic() < until:
+            if (pid := victim.limit_journal(JOURNAL_FULL_BYTES)) is not None:
+                pids.add(pid)
+            time.sleep(self.rng.uniform(0.5, 1.0))
+            victim.limit_journal(None)
+            flips += 1
+            time.sleep(self.rng.uniform(0.1, 0.3))
         fault.detail = (
-            f"{victim.terminal_id} (pid {pid}): RLIMIT_FSIZE {JOURNAL_FULL_BYTES} B for "
-            f"{fault.hold_s:.0f} s, every journal write fails"
+            f"{victim.terminal_id} (pid {', '.join(str(p) for p in sorted(pids))}): "
+            f"RLIMIT_FSIZE {JOURNAL_FULL_BYTES} B {flips} times over {fault.hold_s:.0f} s "
+            "(every journal write fails while it holds)"
         )
-        time.sleep(fault.hold_s)
-        victim.limit_journal(None)
         fault.healed = time.monotonic()
         deadline = fault.healed + RECOVER_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -245,9 +268,31 @@ class Run:
             "API started; Redis kept"
         )
         self.api.start()
+        self._look_up_restored(dumped, stopped)
         for sidecar in self.sidecars:
             sidecar.launch()
         fault.healed = time.monotonic()
+
+    def _look_up_restored(self, dumped: float, stopped: float, most: int = 100) -> None:
+        """Before anything else runs on the restored database: look up the payments that
+        were processed between the dump and the stop. The database has none of those
+        committed after the dump; an answer 200 for one of them came from Redis (SPEC §3.6)."""
+        api_keys = {t.terminal_id: t.config.api_key for t in self.terminals}
+        processed = [
+            key
+            for key, at in list(self.tally.when.items())
+            if dumped <= at <= stopped and self.tally.outcomes.get(key) in ("approved", "declined")
+        ]
+        with httpx.Client(base_url=self.api.url, timeout=5.0) as http:
+            for key in processed[:most]:
+                api_key = api_keys[self.tally.terminal_of[key]]
+                try:
+                    answer = http.get(
+                        f"/v1/transactions/{key}", headers={"Authorization": f"Bearer {api_key}"}
+                    )
+                except httpx.HTTPError:
+                    continue
+                self.after_restore[key] = answer.status_code
 
     def _rolling_restart(self, fault: Fault) -> None:
         pids = sorted(self.api.worker_pids())
@@ -471,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                 restored_away=restored_away,
                 journals=[t.journal for t in terminals],
                 ask=[key for _, key, kind in tally.journal_failures if key],
+                held_after_restore=[k for k, code in run.after_restore.items() if code == 200],
             )
         )
         kills = [f.injected for f in run.faults if f.kind == "worker_kill" and f.injected]
@@ -502,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                 if status == "rejected" and tally.terminal_of.get(key) in skewed
             ),
             restored_away=len(restored_away),
+            restore_lookups=dict(run.after_restore),
             kills=Counter(f.kind for f in run.faults if f.injected),
             outcomes=Counter(tally.outcomes.values()),
             client_counts=Counter(tally.counts),
