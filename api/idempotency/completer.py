@@ -4,61 +4,193 @@ Every ``IDEMPAY_COMPLETER_INTERVAL`` it takes over keys whose lease expired (a c
 UPDATE on the lease token, so any number of workers can run it safely), re-drives the
 issuer with the same derived issuer key, and finishes them; past the issuer deadline it
 voids the issuer call and fences the key as ``aborted``.
+
+It is shared by every merchant, so it is fair between them (docs/security.md, "Noisy
+neighbours"): a re-drive of a key the issuer does not answer holds its slot for the whole
+issuer timeout, and one merchant's flood of such keys must not delay anyone else's.
+
+* ``slots`` re-drives run at once, and one merchant holds at most ``per_merchant`` of them;
+* free slots are dealt round-robin between merchants, each merchant's keys in deadline order
+  (the due keys are read per merchant, so a merchant with few keys is never behind a page of
+  another's);
+* a tick admits work into free slots without waiting for the re-drives already running;
+* a key whose issuer keeps not answering backs off (doubling, up to ``BACKOFF_MAX_SECONDS``,
+  never past its deadline, so it is still voided and fenced on time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from datetime import datetime
 
 import structlog
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api.db import atomic, utcnow
 from api.idempotency import store
 from api.idempotency.store import KeyRecord
 from api.metrics import RECOVERIES
+from api.models import IdempotencyKey
 from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
 
 log = structlog.get_logger("idempay.completer")
 
+BACKOFF_MAX_SECONDS = 30.0
+_Key = tuple[str, str]  # (merchant_id, key)
+
+
+async def due_per_merchant(
+    conn: AsyncConnection, *, now: datetime, per_merchant: int, limit: int
+) -> list[KeyRecord]:
+    """Keys whose lease expired: each merchant's ``per_merchant`` nearest deadlines, the
+    first of every merchant before the second of any (at most ``limit`` in all)."""
+    order = (IdempotencyKey.deadline_at.is_(None), IdempotencyKey.deadline_at)
+    rank = func.row_number().over(partition_by=IdempotencyKey.merchant_id, order_by=order)
+    ranked = (
+        select(*store._COLUMNS, rank.label("rank"))
+        .where(IdempotencyKey.state == store.PROCESSING, IdempotencyKey.lease_until < now)
+        .subquery()
+    )
+    columns = [ranked.c[column.key] for column in store._COLUMNS]
+    rows = await conn.execute(
+        select(*columns)
+        .where(ranked.c.rank <= per_merchant)
+        .order_by(ranked.c.rank, ranked.c.deadline_at)
+        .limit(limit)
+    )
+    return [KeyRecord(**row._asdict()) for row in rows]
+
 
 class Completer:
-    def __init__(self, service: TransactionService, *, interval: float, batch: int = 100) -> None:
+    def __init__(
+        self,
+        service: TransactionService,
+        *,
+        interval: float,
+        slots: int = 32,
+        per_merchant: int | None = None,
+    ) -> None:
         self.service = service
         self.interval = interval
-        self.batch = batch
+        self.slots = slots
+        self.per_merchant = per_merchant or max(1, slots // 4)
         self.recovered = {"completed": 0, "aborted": 0, "pending": 0}
-        self._limit = asyncio.Semaphore(32)
+        self._running: dict[_Key, asyncio.Task[None]] = {}
+        self._busy: Counter[str] = Counter()  # merchant -> keys of it being re-driven
+        self._backoff: dict[_Key, tuple[int, float]] = {}  # -> (failures, not before)
 
     async def run_once(self) -> int:
-        now = utcnow()
+        """One tick, waiting for the re-drives it started (the CLI and tests)."""
+        started = await self.admit()
+        await asyncio.gather(*started, return_exceptions=True)
+        return len(started)
+
+    async def admit(self) -> list[asyncio.Task[None]]:
+        """Start re-drives of due keys in the free slots, fairly; do not wait for them."""
+        free = self.slots - len(self._running)
+        if free <= 0:
+            return []
         async with self.service.engine.connect() as conn:
-            records = await store.expired_leases(conn, now=now, limit=self.batch)
-        await asyncio.gather(*(self._recover(record) for record in records))
-        return len(records)
+            records = await due_per_merchant(
+                conn,
+                now=utcnow(),
+                per_merchant=self.per_merchant * 4,
+                limit=max(self.slots * 8, 256),
+            )
+        started = []
+        for record in self._fair(records, free):
+            key = (record.merchant_id, record.key)
+            task = asyncio.create_task(self._recover(record), name=f"complete {record.key}")
+            self._running[key] = task
+            self._busy[record.merchant_id] += 1
+            task.add_done_callback(functools.partial(self._done, key))
+            started.append(task)
+        return started
+
+    def _fair(self, records: Sequence[KeyRecord], free: int) -> list[KeyRecord]:
+        """Round-robin over merchants (each in deadline order), within the caps."""
+        now = time.monotonic()
+        self._forget_stale(now)
+        queues: dict[str, list[KeyRecord]] = defaultdict(list)
+        for record in records:  # already in deadline order within each merchant
+            key = (record.merchant_id, record.key)
+            if key in self._running or self._backoff.get(key, (0, 0.0))[1] > now:
+                continue
+            queues[record.merchant_id].append(record)
+        chosen: list[KeyRecord] = []
+        taken: Counter[str] = Counter()
+        while len(chosen) < free and queues:
+            for merchant in list(queues):
+                if len(chosen) >= free:
+                    break
+                if not queues[merchant] or self._busy[merchant] + taken[merchant] >= (
+                    self.per_merchant
+                ):
+                    del queues[merchant]
+                    continue
+                chosen.append(queues[merchant].pop(0))
+                taken[merchant] += 1
+        return chosen
+
+    def _done(self, key: _Key, _task: asyncio.Task[None]) -> None:
+        self._running.pop(key, None)
+        self._busy[key[0]] -= 1
+        if self._busy[key[0]] <= 0:
+            del self._busy[key[0]]
+
+    def _forget_stale(self, now: float) -> None:
+        if len(self._backoff) > 10_000:
+            for key in [k for k, (_n, at) in self._backoff.items() if at < now]:
+                del self._backoff[key]
+
+    def _back_off(self, record: KeyRecord) -> None:
+        key = (record.merchant_id, record.key)
+        failures = self._backoff.get(key, (0, 0.0))[0] + 1
+        delay = min(BACKOFF_MAX_SECONDS, self.interval * 2 ** min(failures, 16))
+        if record.deadline_at is not None:  # still voided and fenced on time
+            delay = min(delay, max(0.0, (record.deadline_at - utcnow()).total_seconds()))
+        self._backoff[key] = (failures, time.monotonic() + delay)
 
     async def _recover(self, record: KeyRecord) -> None:
-        async with self._limit:
-            now = utcnow()
-            async with atomic(self.service.engine) as conn:
-                token = await store.take_over(
-                    conn, record, now=now, lease_s=self.service.settings.lease_seconds
-                )
-            if token is None:
-                return
-            if await self.service.settle(record, token, now) is None:
-                self._count("aborted", record)
-                return
-            body = TransactionCreate.model_validate_json(record.request or "{}")
-            outcome = await self.service.drive(
-                record.merchant_id,
-                record.key,
-                body,
-                token=token,
-                created_at=record.created_at,
-                event="created",
+        try:
+            result = await self._redrive(record)
+        except Exception as exc:  # storage down: the lease runs out, next tick tries again
+            log.warning("key_recovery_failed", error=type(exc).__name__, key=record.key)
+            return
+        if result is None:
+            return
+        if result == "pending":
+            self._back_off(record)
+        else:
+            self._backoff.pop((record.merchant_id, record.key), None)
+        self._count(result, record)
+
+    async def _redrive(self, record: KeyRecord) -> str | None:
+        now = utcnow()
+        async with atomic(self.service.engine) as conn:
+            token = await store.take_over(
+                conn, record, now=now, lease_s=self.service.settings.lease_seconds
             )
-            self._count("completed" if outcome.status == 201 else "pending", record)
+        if token is None:
+            return None
+        if await self.service.settle(record, token, now) is None:
+            return "aborted"
+        body = TransactionCreate.model_validate_json(record.request or "{}")
+        outcome = await self.service.drive(
+            record.merchant_id,
+            record.key,
+            body,
+            token=token,
+            created_at=record.created_at,
+            event="created",
+        )
+        return "completed" if outcome.status == 201 else "pending"
 
     def _count(self, result: str, record: KeyRecord) -> None:
         self.recovered[result] += 1
@@ -66,11 +198,17 @@ class Completer:
         log.info("key_recovered", result=result, merchant_id=record.merchant_id, key=record.key)
 
     async def run_forever(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # storage down: try again next tick
-                log.warning("completer_tick_failed", error=type(exc).__name__)
-            await asyncio.sleep(self.interval)
+        try:
+            while True:
+                try:
+                    await self.admit()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # storage down: try again next tick
+                    log.warning("completer_tick_failed", error=type(exc).__name__)
+                await asyncio.sleep(self.interval)
+        finally:
+            running = list(self._running.values())
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
