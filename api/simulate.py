@@ -11,6 +11,11 @@ into 40 % request drops, 40 % response drops (the server processed it) and 20 % 
 a third of them are SIGKILLed mid-run, each then rebooted as a new process on the same
 journal that calls ``recover()`` first and sells the payments still owed.
 
+``reboot_terminals`` (``--reboot-terminals``, ``api.simulate_reboot``): half the
+terminals die once inside a payment — before its create leaves, or after it was answered —
+reboot on their journal (``recover()`` first), and the cashier re-runs the interrupted
+sale with a new key; ``one_charge_per_sale`` then counts approved charges per sale.
+
 Round trips are counted in the terminal's transport, before any injected fault:
 ``resends`` are creates with ``Idempotency-Attempt`` ≥ 2. A killed process loses the
 counts of the payment it was in (a small undercount, stated).
