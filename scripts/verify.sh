@@ -63,7 +63,7 @@ FAST_CC="-O0 -DSAFETY -DNOCLAIM -DMEMLIM=8192"   # mutants: counterexamples come
 LIVE_CC="-O2 -DNFAIR=3 -DMEMLIM=8192"            # acceptance cycles, weak fairness
 only() {  # only P: the monitor asserts property P and no other (a mutant's target)
   local p out=""
-  for p in A B C E F; do
+  for p in A B C E F G H I J; do
     [ "$p" = "${1^^}" ] || out="$out -DCHK_$p=0"
   done
   echo "$out"
@@ -83,13 +83,27 @@ BUILDS=(
   "m4|-DMONITOR $(only a) -DMUTANT_FRESH_ISSUER_KEY $MUT|$FAST_CC"
   "m5|-DFAIR -DMUTANT_NO_RECOVER $(b 1 0 1 0 0)|-O0 -DNFAIR=3 -DMEMLIM=8192"
   "m6|-DMONITOR $(only f) -DMUTANT_VOID_BEFORE_FENCE $MUT|$FAST_CC"
+  # issue 14 and 24: the later-attempt rejection (in the shared builds, PML_REJECTS), the
+  # retention purge with the server's clock, a second driver on the journal
+  "ret|-DMONITOR -DRETENTION $ZERO|$SAFE_CC"
+  "ret-beyond|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND $ZERO|$SAFE_CC"
+  "two|-DMONITOR -DTWO_DRIVERS $ZERO|$SAFE_CC"
+  "m8|-DMONITOR $(only g) -DMUTANT_REJECT_IS_OUTCOME -DREJECTS=1 $(b 1 0 0 0 0)|$FAST_CC"
+  "m9|-DMONITOR $(only h) -DMUTANT_RECOVER_RESENDS $(b 1 0 1 0 0)|$FAST_CC"
+  "m10|-DMONITOR $(only i) -DRETENTION -DMUTANT_PURGE_AT_RETENTION $(b 1 0 0 0 0)|$FAST_CC"
+  "m11|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND -DMUTANT_NO_FUTURE_REFUSAL $(b 1 0 0 0 0)|$FAST_CC"
+  "m12|-DMONITOR $(only j) -DTWO_DRIVERS -DMUTANT_PER_INSTANCE_DRIVER $(b 1 0 1 0 0)|$FAST_CC"
+  # limits of the fixed protocol, kept as checks so that they stay documented and true
+  "x1|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND $(b 2 0 0 0 0)|$FAST_CC"
+  "x2|-DMONITOR $(only g) -DRETENTION -DSKEW_BEYOND $(b 1 0 0 0 0)|$FAST_CC"
 )
 
 # ---------------------------------------------------------------- the checks
 # Bounds (docs/protocol/README.md, "Bounds"): how many faults of each kind the world may
-# inject in one run, "NET CRASH T_CRASH PAUSE ISSUER" -- network (drop, duplicate, reorder,
-# early timeout, connect error), server crash, terminal crash, lease-holder stall, issuer
-# timeout. "-": the build's own -D bounds.
+# inject in one run, "NET CRASH T_CRASH PAUSE ISSUER [REJECT]" -- network (drop, duplicate,
+# reorder, early timeout, connect error), server crash, terminal crash, lease-holder stall,
+# issuer timeout, and (optional, default 0) create attempts rejected before processing
+# (408/401/413/proxy 4xx). "-": the build's own -D bounds.
 SAFE="a b c e f"
 SAFE_PAN="-m20000 -w25"
 LIVE_PAN="-m20000 -a -f -N d"
@@ -117,6 +131,19 @@ CHECKS=(
   "M5|d|MUTANT_NO_RECOVER|= L1|counterexample:d|m5|-|$LIVE_PAN"
   "M6|f|MUTANT_VOID_BEFORE_FENCE|= S3|counterexample:f|m6|-|-m20000 -w25"
   "M7|b|MUTANT_CHECK_THEN_INSERT|= S3; expiry|counterexample:b|m7|-|-m20000 -w25"
+  "S8|$SAFE g h|REJECTS|net, crash, t-crash, reject|holds|safe|1 1 1 0 0 1|$SAFE_PAN"
+  "L9|d|REJECTS|net, terminal crash, reject|holds|live|1 0 1 0 0 1|$LIVE_PAN"
+  "R1|$SAFE g h i|RETENTION|net x2|holds|ret|2 0 0 0 0|$SAFE_PAN"
+  "R2|$SAFE g h i|RETENTION|net, terminal crash|holds|ret|1 0 1 0 0|$SAFE_PAN"
+  "R3|i|RETENTION SKEW_BEYOND|net|holds|ret-beyond|1 0 0 0 0|$SAFE_PAN"
+  "T1|$SAFE g h j|TWO_DRIVERS|net, terminal crash, j-stall|holds|two|1 0 1 0 0|$SAFE_PAN"
+  "M8|g|MUTANT_REJECT_IS_OUTCOME|net, reject|counterexample:g|m8|-|-m20000 -w25"
+  "M9|h|MUTANT_RECOVER_RESENDS|net, terminal crash|counterexample:h|m9|-|-m20000 -w25"
+  "M10|i|MUTANT_PURGE_AT_RETENTION|= R3 but skew <= tol|counterexample:i|m10|-|-m20000 -w25"
+  "M11|i|MUTANT_NO_FUTURE_REFUSAL|= R3|counterexample:i|m11|-|-m20000 -w25"
+  "M12|j|MUTANT_PER_INSTANCE_DRIVER|= T1|counterexample:j|m12|-|-m20000 -w25"
+  "X1|i|RETENTION SKEW_BEYOND (fix)|net x2|counterexample:i|x1|-|-m20000 -w25"
+  "X2|g|RETENTION SKEW_BEYOND (fix)|net|counterexample:g|x2|-|-m20000 -w25"
 )
 
 # Which property pan's first error report states (the macros P_A … P_F, as pan prints them).
@@ -125,6 +152,10 @@ property_of() {
     "") echo none ;;
     *"acceptance cycle"*) echo d ;;
     *"invalid end state"*) echo deadlock ;;
+    *"assertion violated"*"reported2"*) echo j ;;
+    *"assertion violated"*"reported==9"*"k_state==1"*) echo g ;;
+    *"assertion violated"*"unsent_at_boot"*) echo h ;;
+    *"assertion violated"*"purged"*) echo i ;;
     *"assertion violated"*"i_auths<=1"*) echo a ;;
     *"assertion violated"*"stale_commits==0"*) echo e ;;
     *"assertion violated"*"i_state[0]"*) echo f ;;
@@ -185,10 +216,10 @@ run_check() {  # run_check ID BUILD BOUNDS PAN_FLAGS
     cp "$bdir/idempay.pml" .
     local envs=()
     if [ "$bounds" != "-" ]; then
-      local n c t p i
-      read -r n c t p i <<<"$bounds"
+      local n c t p i r
+      read -r n c t p i r <<<"$bounds"
       envs=(PML_NET_FAULTS="$n" PML_CRASHES="$c" PML_T_CRASHES="$t" PML_PAUSES="$p"
-            PML_ISSUER_FAULTS="$i")
+            PML_ISSUER_FAULTS="$i" PML_REJECTS="${r:-0}")
     fi
     local start end
     start="$(date +%s.%N)"
@@ -235,8 +266,10 @@ run_check() {  # run_check ID BUILD BOUNDS PAN_FLAGS
 
 # Builds first (the shared ones are the slow ones), then the longest searches first, so
 # that the parallel slots stay busy to the end.
-BUILD_ORDER=(safe live safe-down live-down m1 m2 m3 m4 m5 m6 m7)
-LAUNCH_ORDER=(S5 L7 S2 S4 S6 S3 S1 S7 L6 L2 L3 L8 L4 L5 L1 M1 M2 M3 M4 M5 M6 M7)
+BUILD_ORDER=(safe live safe-down live-down ret two ret-beyond m1 m2 m3 m4 m5 m6 m7 m8 m9 m10
+             m11 m12 x1 x2)
+LAUNCH_ORDER=(S5 L7 S8 S2 S4 S6 S3 R1 R2 T1 S1 S7 L6 L2 L3 L9 L8 L4 L5 L1 R3
+              M1 M2 M3 M4 M5 M6 M7 M8 M9 M10 M11 M12 X1 X2)
 t0="$(date +%s)"
 needed=" "
 for id in "${LAUNCH_ORDER[@]}"; do
@@ -262,7 +295,7 @@ field() { sed -n "s/^$1=//p" "$2" 2>/dev/null | head -n1; }
 
 printf '\nSPIN model check of docs/protocol/idempay.pml (%s; %s parallel jobs, %ss)\n\n' \
   "$(spin -V 2>/dev/null | head -n1)" "$JOBS" "$(( t1 - t0 ))"
-fmt='%-3s %-10s %-25s %-34s %-17s %-17s %10s %6s %7s %-8s %s\n'
+fmt='%-3s %-14s %-25s %-34s %-17s %-17s %10s %6s %7s %-8s %s\n'
 # shellcheck disable=SC2059
 printf "$fmt" id property variant bounds expected outcome states depth time complete verdict
 printf '%s\n' "$(printf '%.0s-' {1..150})"
@@ -308,8 +341,14 @@ a: the issuer authorizes the key at most once      b: never both a transaction a
 c: what the terminal reports matches the ledger    d: the journal entry ends definitive and the key
 e: a stale worker (lease lost) never commits          leaves processing (weak fairness)
 f: the issuer agrees with the ledger (broken before 821217e; M6 keeps that code as a mutant)
-Safety searches (S*, M1-M4, M6, M7) also fail on a deadlock (invalid end state) and on the
-model's own assertions. time: the search alone (pan); the total includes compiling pan.
+g: a payment reported rejected was never processed (issue 14: a later attempt's 408/401/413)
+h: recover() never sells: a sale whose terminal died before sending it is never charged
+i: a fenced key is never processed later, even after the purge of its tombstone (RETENTION)
+j: every driver of the key (the terminal, a second Client on its journal) reports the ledger
+X1, X2: limits of the fix, expected to fail: a terminal clock ahead beyond the tolerance
+(docs/protocol/README.md, "Retention and clock skew").
+Safety searches (S*, R*, T1, M1-M4, M6-M12, X*) also fail on a deadlock (invalid end state)
+and on the model's own assertions. time: the search alone (pan); the total includes compiling.
 
 LEGEND
 if [ "$failures" -ne 0 ]; then
