@@ -19,7 +19,8 @@ from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, new_key
 from tests.support.services import ROOT
 
-WINDOW = {"IDEMPAY_TOMBSTONE_RETENTION": "3s"}
+# No clock-skew tolerance here: tombstones go at the retention itself (see SKEW below).
+WINDOW = {"IDEMPAY_TOMBSTONE_RETENTION": "3s", "IDEMPAY_CLOCK_SKEW_TOLERANCE": "0s"}
 
 
 def _uuid7(at: datetime) -> str:
