@@ -84,8 +84,8 @@ class Settings(BaseSettings):
     )
     auth_failure_limit: str = Field(
         default="30/minute",
-        description="Failed authentications (401) per client address before that address gets"
-        " 429 for keys this process has not seen succeed (docs/security.md).",
+        description="Failed authentications (401) per client address before that address's"
+        " failures answer 429; a valid key always authenticates (docs/security.md).",
     )
     retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After for 409/202/503.")
     event_batch_size: int = Field(default=500, ge=1, description="Request events per flush.")
@@ -95,11 +95,6 @@ class Settings(BaseSettings):
         default=30, ge=1, description="Postgres connections per worker process (no overflow)."
     )
     db_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection.")
-    bench_bypass: bool = Field(
-        default=False,
-        description="Benchmarks only: mount POST /_bench/transactions, the same inserts with the"
-        " idempotency layer bypassed (the baseline `make bench` compares against).",
-    )
     header_timeout: float = Field(
         default=10.0,
         gt=0,

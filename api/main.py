@@ -178,10 +178,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestIdMiddleware)
     app.include_router(ops_router)
     app.include_router(transactions_router)
-    if settings.bench_bypass:
-        from api.transactions.bypass import router as bypass_router
-
-        app.include_router(bypass_router)
     _install_error_handlers(app)
     _install_openapi(app)
     return app

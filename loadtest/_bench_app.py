@@ -1,21 +1,28 @@
-"""The benchmark baseline: create with the idempotency layer bypassed.
+"""The bench's own server: idempay's app plus the benchmark baseline, a create with the
+idempotency layer bypassed (``POST /_bench/transactions``).
 
-Mounted only when ``IDEMPAY_BENCH_BYPASS=true``. It does the same work as a create minus
-idempotency: auth, rate limit, body checks, the issuer (enlisted), the transaction, ledger
-and outbox inserts in one transaction — no key read, no key row, no stored response, no
-request event.
-`make bench` compares idempay's create against it, side by side in one run.
+The baseline lives here, not in ``api/``: it skips the failed-authentication limiter, has no
+idempotency, and holds a database transaction across the issuer call, so no setting of the
+server can mount it. `make bench` serves this app (``python -m loadtest._bench_app``, with
+the options of ``idempay serve``) and compares idempay's create against the baseline, side by
+side in one run. The baseline does the same work as a create minus idempotency: auth, rate
+limit, body checks, the issuer (enlisted), the transaction, ledger and outbox inserts in one
+transaction — no key read, no key row, no stored response, no request event.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+import argparse
+
+from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
+from api.config import Settings
 from api.context import AppContext
 from api.db import atomic, utcnow
 from api.errors import ApiError, problem_response
 from api.idempotency.keys import parse_key
+from api.main import create_app
 from api.outbox import writer as outbox
 from api.transactions import repository
 from api.transactions.http import decode, read_body
@@ -52,3 +59,39 @@ async def create_bypassed(request: Request) -> Response:
             now=txn.processed_at,
         )
     return Response(text.encode(), 201, media_type="application/json")
+
+
+def app_factory() -> FastAPI:
+    """``create_app`` with the baseline mounted (reads IDEMPAY_* once, like the server)."""
+    app = create_app(Settings())
+    app.include_router(router)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve ``app_factory`` with the options of ``idempay serve`` (api/cli.py), on a
+    database the bench has already migrated."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="python -m loadtest._bench_app")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    uvicorn.run(
+        "loadtest._bench_app:app_factory",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop="uvloop",
+        http="api.http_limits:SlowClientHttpToolsProtocol",
+        access_log=False,
+        log_level="warning",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=10,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -78,8 +78,11 @@ def prepare_database(name: str) -> str:
 
 
 class Server(ServerProcess):
-    """``python -m api serve`` on the bench database (one worker unless told), in its own
-    process group, logging to a file; rate limits out of reach, the bypass route mounted."""
+    """The bench's app (``python -m loadtest._bench_app``: idempay plus the bypass route,
+    served with the options of ``idempay serve``) on the bench database, which
+    ``prepare_database`` has migrated — or, with ``bypass=False``, ``idempay serve`` as
+    shipped; one worker unless told, in its own process group, logging to a file; rate
+    limits out of reach."""
 
     def __init__(
         self,
@@ -90,11 +93,11 @@ class Server(ServerProcess):
         redis_prefix: str = "",
         workers: int = 1,
         env: dict[str, str] | None = None,
+        bypass: bool = True,
     ) -> None:
         super().__init__(
             {
                 "IDEMPAY_DATABASE_URL": database_url(database),
-                "IDEMPAY_BENCH_BYPASS": "true",
                 "IDEMPAY_LOG_LEVEL": "WARNING",
                 "IDEMPAY_RATE_LIMIT": "1000000/second",
                 "IDEMPAY_RATE_LIMIT_TERMINAL": "1000000/second",
@@ -106,6 +109,13 @@ class Server(ServerProcess):
             workers=workers,
             cwd=ROOT,
         )
+        self.bypass = bypass
+
+    def command(self) -> list[str]:
+        if not self.bypass:  # the server exactly as shipped
+            return super().command()
+        return [sys.executable, "-m", "loadtest._bench_app", "--port", str(self.port),
+                "--workers", str(self.workers)]  # fmt: skip
 
 
 def _proc_stats() -> list[tuple[str, int, float, str]]:

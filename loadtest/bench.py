@@ -4,7 +4,8 @@
                              [--json out.json] [--profile] [--quick] [--no-peers]
 
 One private Postgres database (dropped at the end, even on failure), one server
-(``python -m api serve --workers 1`` with ``IDEMPAY_BENCH_BYPASS=true``), and a closed-loop
+(``python -m loadtest._bench_app --workers 1``: the server's app plus the bypass route, which
+the server itself never mounts), and a closed-loop
 aiohttp generator in its own process on the same machine. Scenarios — create, bypassed
 (``POST /_bench/transactions``: the same inserts minus the idempotency layer), replay of
 pre-created keys, lookup of existing keys, and pgbench running the create's SQL when it is

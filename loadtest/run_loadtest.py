@@ -40,7 +40,6 @@ from loadtest.chaos_proxy import ChaosProxy
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("LossyTerminal", "SdkTerminal")
 SERVER_ENV = {
-    "IDEMPAY_BENCH_BYPASS": "false",
     "IDEMPAY_DB_POOL_SIZE": "10",  # Postgres is shared with everything else on the machine
     "IDEMPAY_LEASE_SECONDS": "5",
     "IDEMPAY_COMPLETER_INTERVAL": "0.5",
@@ -204,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         api_key = _bench_env.prepare_database(database)
         merchant = asyncio.run(_merchant(database, api_key))
         log_path = Path(tempfile.mkdtemp(prefix="idempay-loadtest-")) / "server.log"
-        server = _bench_env.Server(database, log_path, workers=args.workers, env=SERVER_ENV)
+        server = _bench_env.Server(
+            database, log_path, workers=args.workers, env=SERVER_ENV, bypass=False
+        )
         server.start()
         proxy = ChaosProxy(
             target_host="127.0.0.1", target_port=server.port, seed=args.seed, loss=args.loss
