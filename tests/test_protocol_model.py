@@ -16,7 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 VERIFY = ROOT / "scripts" / "verify.sh"
 
 # check id → (the property it checks, the model variant)
-HOLDS = {f"S{i}": "a b c e f" for i in range(1, 8)} | {f"L{i}": "d" for i in range(1, 9)}
+HOLDS = (
+    {f"S{i}": "a b c e f" for i in range(1, 8)}
+    | {"S8": "a b c e f g h"}
+    | {f"L{i}": "d" for i in range(1, 10)}
+    | {"R1": "a b c e f g h i", "R2": "a b c e f g h i", "R3": "i"}
+    | {"T1": "a b c e f g h j"}
+)
 MUTANTS = {
     "M1": ("e", "MUTANT_NO_LEASE_TOKEN"),
     "M2": ("c", "MUTANT_404_GIVES_UP"),
@@ -25,8 +31,16 @@ MUTANTS = {
     "M5": ("d", "MUTANT_NO_RECOVER"),
     "M6": ("f", "MUTANT_VOID_BEFORE_FENCE"),
     "M7": ("b", "MUTANT_CHECK_THEN_INSERT"),
+    "M8": ("g", "MUTANT_REJECT_IS_OUTCOME"),
+    "M9": ("h", "MUTANT_RECOVER_RESENDS"),
+    "M10": ("i", "MUTANT_PURGE_AT_RETENTION"),
+    "M11": ("i", "MUTANT_NO_FUTURE_REFUSAL"),
+    "M12": ("j", "MUTANT_PER_INSTANCE_DRIVER"),
 }
-_ROW = re.compile(r"^([SLM]\d+) .*$", re.M)
+# the fixed protocol's documented limits (a terminal clock ahead beyond the tolerance):
+# expected counterexamples, docs/protocol/README.md "Retention and clock skew"
+LIMITS = {"X1": ("i", "SKEW_BEYOND"), "X2": ("g", "SKEW_BEYOND")}
+_ROW = re.compile(r"^([SLMRTX]\d+) .*$", re.M)
 # outcome, states, depth, time, complete, verdict: the summary's last six columns
 _TAIL = r" {outcome} +(\d+) +(\d+) +[\d.]+s {complete} +ok$"
 
@@ -49,14 +63,14 @@ def test_model_verifies_and_every_mutant_has_a_counterexample() -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     rows = _rows(done.stdout)
-    assert set(rows) == set(HOLDS) | set(MUTANTS), output
+    assert set(rows) == set(HOLDS) | set(MUTANTS) | set(LIMITS), output
     for check, properties in HOLDS.items():
         row = rows[check]
         assert f" {properties} " in row, row
         match = re.search(_TAIL.format(outcome="holds", complete="yes"), row)
         assert match, row  # exhaustive (complete), no error
         assert int(match.group(1)) > 0, row
-    for check, (prop, flag) in MUTANTS.items():
+    for check, (prop, flag) in (MUTANTS | LIMITS).items():
         row = rows[check]
         assert flag in row, row
         assert re.search(_TAIL.format(outcome=f"counterexample:{prop}", complete="-"), row), row

@@ -25,6 +25,14 @@
  *   f  the issuer agrees with the ledger: no approved transaction on a voided
  *      authorization, no aborted key on a live authorization (this model found f broken
  *      in the code before 821217e; README.md, "Differences between model and code")
+ *   g  a payment the terminal reports rejected (a create attempt's 408/401/413/proxy 4xx)
+ *      was never processed and is not being processed (issue 14)
+ *   h  recover() never sells: a payment whose terminal died before sending it (the cashier
+ *      ran the sale again) is never charged (issue 24)
+ *   i  -DRETENTION: a fenced key is never processed later, even after the purge of its
+ *      tombstone; the server's clock, the request's timestamp, clock_skew (issue 14)
+ *   j  -DTWO_DRIVERS: every driver of the key (the terminal, and a second Client running
+ *      recover() on the same journal) reports what the ledger says (issue 24)
  *
  * Mutants, one flag each, so that the model and its mutants never drift apart:
  *   -DMUTANT_NO_LEASE_TOKEN     the final write is guarded by the state, not the lease token
@@ -33,6 +41,11 @@
  *   -DMUTANT_FRESH_ISSUER_KEY   a new issuer key per attempt instead of one derived from the key
  *   -DMUTANT_NO_RECOVER         SDK: an entry left in doubt is never recovered (liveness)
  *   -DMUTANT_VOID_BEFORE_FENCE  the code before 821217e: void in its own commit, then fence
+ *   -DMUTANT_REJECT_IS_OUTCOME  SDK: a later attempt's rejection ends the payment (pre-fix)
+ *   -DMUTANT_RECOVER_RESENDS    SDK: recover() looks a never-sent entry up and sends it on 404
+ *   -DMUTANT_PURGE_AT_RETENTION purge tombstones at the retention, without the tolerance
+ *   -DMUTANT_NO_FUTURE_REFUSAL  accept a timestamp however far ahead (no 422 clock_skew)
+ *   -DMUTANT_PER_INSTANCE_DRIVER SDK: the "who drives this key" claim is per Client instance
  */
 
 /* ======================================================================== bounds */
