@@ -22,6 +22,7 @@ TITLES: dict[str, str] = {
     "idempotency_key_reused": "Idempotency-Key reused with a different request",
     "validation_error": "The request is invalid",
     "pan_not_allowed": "Card numbers must not be sent; use a card token",
+    "clock_skew": "The request's time is too far ahead of the server's clock",
     "not_reversible": "The transaction cannot be reversed",
     "rate_limited": "Too many requests",
     "service_unavailable": "Storage unavailable; nothing was processed",
