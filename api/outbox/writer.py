@@ -26,15 +26,16 @@ REVERSED = "transaction.reversed"
 ABORTED = "transaction.aborted"
 
 
-async def append(
-    conn: AsyncConnection,
+def new_event(
     *,
     merchant_id: str,
     event_type: str,
     transaction_id: str,
     data: dict[str, Any],
     now: datetime,
-) -> None:
+) -> dict[str, Any]:
+    """The outbox row (its ``event_id`` minted here); the one-write create
+    (``api/transactions/inline.py``) inserts the same row inside its own statement."""
     event_id = str(uuid.uuid4())
     payload = {
         "event_id": event_id,
@@ -44,14 +45,30 @@ async def append(
         "occurred_at": iso(now),
         "data": data,
     }
-    await conn.execute(
-        _INSERT,
-        {
-            "event_id": event_id,
-            "merchant_id": merchant_id,
-            "type": event_type,
-            "transaction_id": transaction_id,
-            "payload": json.dumps(payload, separators=(",", ":")),
-            "created_at": now,
-        },
+    return {
+        "event_id": event_id,
+        "merchant_id": merchant_id,
+        "type": event_type,
+        "transaction_id": transaction_id,
+        "payload": json.dumps(payload, separators=(",", ":")),
+        "created_at": now,
+    }
+
+
+async def append(
+    conn: AsyncConnection,
+    *,
+    merchant_id: str,
+    event_type: str,
+    transaction_id: str,
+    data: dict[str, Any],
+    now: datetime,
+) -> None:
+    row = new_event(
+        merchant_id=merchant_id,
+        event_type=event_type,
+        transaction_id=transaction_id,
+        data=data,
+        now=now,
     )
+    await conn.execute(_INSERT, row)

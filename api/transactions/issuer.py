@@ -93,6 +93,12 @@ class SimulatedIssuer:
     def answers_inline(self, card_token: str) -> bool:
         return card_token not in SLOW_TOKENS
 
+    def decide(self, issuer_key: str, card_token: str) -> Authorization:
+        """The answer a first call for an inline token records, with no I/O: for a caller
+        that writes this simulator's record in its own statement (the one-write create,
+        ``api/transactions/inline.py``). A repeated call still goes through ``authorize``."""
+        return _decide(issuer_key, card_token)
+
     async def authorize(
         self, request: AuthorizationRequest, *, conn: AsyncConnection | None = None
     ) -> Authorization:
