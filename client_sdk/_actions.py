@@ -1,27 +1,31 @@
 """The protocol's decision table (SPEC §4), as one pure function.
 
-``next_action(phase, reply, now=...)`` maps what the server (or the network) answered in
-a phase to what the terminal does next:
+``next_action(phase, reply, now=..., expect=...)`` maps what the server (or the network)
+answered in a phase to what the terminal does next. A transaction (or fence) body is an
+answer only when it is about this payment (``Expected``: same id, type, amount and
+currency); any other body — a misbehaving proxy or cache — leaves the payment in doubt
+and is retried like a lost answer.
 
 | phase    | answer                           | action                                   |
 |----------|----------------------------------|------------------------------------------|
 | create   | 201                              | Finish                                   |
-| create   | 202 / 409 / 5xx / lost response  | Retry → lookup (in doubt)                |
+| create   | 202 / 408 / 409 / 5xx / lost     | Retry → lookup (in doubt)                |
 | create   | not sent (connect error)         | Retry → create                           |
 | create   | 429                              | Retry → create after Retry-After         |
 | create   | 410                              | Fence                                    |
-| create   | other 4xx (404 included)         | Reject: never processed, not retried     |
+| create   | other 4xx (404 included)         | Reject: this attempt was not processed   |
 | lookup   | 200                              | Finish                                   |
-| lookup   | 202 / 409 / 429 / 5xx / no reply | Retry → lookup                           |
+| lookup   | 202 / 408 / 409 / 429 / 5xx / —  | Retry → lookup                           |
 | lookup   | 404                              | Retry → create now (same key)            |
+|          |                                  | (the protocol may fence or wait instead) |
 | lookup   | 410                              | Fence                                    |
 | lookup   | other 4xx                        | GiveUp → abort                           |
 | abort    | 200 aborted / expired, or 410    | Fence                                    |
 | abort    | 200 transaction                  | Finish                                   |
-| abort    | 409 / 429 / 5xx / no reply       | Retry → abort                            |
+| abort    | 408 / 409 / 429 / 5xx / no reply | Retry → abort                            |
 | abort    | other                            | GiveUp → PaymentInDoubt                  |
 | reversal | 200                              | Finish                                   |
-| reversal | 409 / 429 / 5xx / no reply       | Retry → reversal                         |
+| reversal | 408 / 409 / 429 / 5xx / no reply | Retry → reversal                         |
 | reversal | other                            | GiveUp → keep the approval               |
 """
 
@@ -42,6 +46,7 @@ __all__ = [
     "Action",
     "Fence",
     "Finish",
+    "Expected",
     "GiveUp",
     "Phase",
     "Reject",
@@ -91,16 +96,42 @@ class GiveUp:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Wait (``retry_after`` seconds, or backoff when None), then run phase ``then``."""
+    """Wait (backoff, or longer when ``retry_after`` says so), then run phase ``then``;
+    ``now``: run it at once (a 404 lookup: the resend is the next step, not a retry)."""
 
     then: Phase
     retry_after: float | None
     in_doubt: bool
+    now: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What an answer about this payment must say."""
+
+    key: str
+    type: str | None
+    amount: int | None
+    currency: str | None
+
+    def matches(self, transaction: Transaction) -> bool:
+        pairs = (
+            (transaction.id.lower(), self.key.lower()),
+            (transaction.type, self.type),
+            (transaction.amount, self.amount),
+            (transaction.currency, self.currency),
+        )
+        return all(got == want for got, want in pairs if want is not None)
+
+    def about_key(self, body: object) -> bool:
+        """A fence body is about this key when its id (if it carries one) is the key."""
+        found = body.get("id") if isinstance(body, Mapping) else None
+        return found is None or str(found).lower() == self.key.lower()
 
 
 Action = Finish | Fence | Reject | GiveUp | Retry
 
-_TRANSIENT = frozenset({409, 429})
+_TRANSIENT = frozenset({408, 409, 429})
 
 
 def fence_reason(code: str | None, marker: str | None) -> Literal["aborted", "expired"]:
@@ -114,18 +145,23 @@ def _fence(reply: HttpReply) -> Fence:
     return Fence(fence_reason(error.code, marker), error.code, error.request_id)
 
 
-def _finish_or(reply: HttpReply, fallback: Action) -> Action:
+def _finish_or(reply: HttpReply, fallback: Action, expect: Expected | None) -> Action:
     try:
-        return Finish(Transaction.from_json(reply.body), reply.body)
-    except ValueError:
+        transaction = Transaction.from_json(reply.body)
+    except (ValueError, TypeError):
         return fallback
+    if expect is not None and not expect.matches(transaction):
+        return fallback
+    return Finish(transaction, reply.body)
 
 
 def _body_status(body: object) -> object:
     return body.get("status") if isinstance(body, Mapping) else None
 
 
-def next_action(phase: Phase, reply: Reply, *, now: datetime) -> Action:
+def next_action(
+    phase: Phase, reply: Reply, *, now: datetime, expect: Expected | None = None
+) -> Action:
     """What to do after ``reply`` was received in ``phase`` (pure)."""
     if isinstance(reply, NoReply):
         if phase is Phase.CREATE:
@@ -134,31 +170,33 @@ def next_action(phase: Phase, reply: Reply, *, now: datetime) -> Action:
     wait = parse_retry_after(reply.headers.get("retry-after"), now)
     status = reply.status
     if phase is Phase.CREATE:
-        return _after_create(reply, wait)
+        return _after_create(reply, wait, expect)
     if phase is Phase.LOOKUP:
-        return _after_lookup(reply, wait)
+        return _after_lookup(reply, wait, expect)
     if phase is Phase.ABORT and status == 200:
         marker = _body_status(reply.body)
         if marker in ("aborted", "expired"):
+            if expect is not None and not expect.about_key(reply.body):
+                return Retry(phase, wait, True)
             request_id = reply.headers.get("x-request-id")
             return Fence(fence_reason(None, str(marker)), None, request_id)
-        return _finish_or(reply, Retry(phase, wait, True))
+        return _finish_or(reply, Retry(phase, wait, True), expect)
     if phase is Phase.ABORT and status == 410:
         return _fence(reply)
     if phase is Phase.REVERSAL and status == 200:
-        return _finish_or(reply, Retry(phase, wait, True))
+        return _finish_or(reply, Retry(phase, wait, True), expect)
     if status in _TRANSIENT or status >= 500:
         return Retry(phase, wait, True)
     return GiveUp(error_from_response(status, reply.headers, reply.body))
 
 
-def _after_create(reply: HttpReply, wait: float | None) -> Action:
+def _after_create(reply: HttpReply, wait: float | None, expect: Expected | None) -> Action:
     status = reply.status
     in_doubt = Retry(Phase.LOOKUP, wait, True)
-    if status == 202 or status == 409 or status >= 500:
+    if status in (202, 408, 409) or status >= 500:
         return in_doubt
     if 200 <= status < 300:
-        return _finish_or(reply, in_doubt)
+        return _finish_or(reply, in_doubt, expect)
     if status == 410:
         return _fence(reply)
     if status == 429:
@@ -166,12 +204,12 @@ def _after_create(reply: HttpReply, wait: float | None) -> Action:
     return Reject(error_from_response(status, reply.headers, reply.body))
 
 
-def _after_lookup(reply: HttpReply, wait: float | None) -> Action:
+def _after_lookup(reply: HttpReply, wait: float | None, expect: Expected | None) -> Action:
     status = reply.status
     if status == 200:
-        return _finish_or(reply, Retry(Phase.LOOKUP, wait, True))
+        return _finish_or(reply, Retry(Phase.LOOKUP, wait, True), expect)
     if status == 404:
-        return Retry(Phase.CREATE, 0.0, False)
+        return Retry(Phase.CREATE, None, False, now=True)
     if status == 410:
         return _fence(reply)
     if status == 202 or status in _TRANSIENT or status >= 500:

@@ -1,11 +1,15 @@
-"""What ``Client`` and ``AsyncClient`` share: configuration, the journal, building the
-protocol's steps, and translating between httpx and the protocol's replies."""
+"""What ``Client`` and ``AsyncClient`` share: configuration (validated), the journal,
+building the protocol's steps, and translating between httpx and the protocol's replies.
+
+Times the server judges — ``captured_at``, ``expires_at`` and the UUIDv7 key's time — are
+taken from the device clock corrected by the offset learned from ``Date`` headers, so a
+terminal whose clock is days off still sells."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -14,15 +18,19 @@ from typing import Any, Literal
 
 import httpx
 
-from ._effects import Begin, HttpReply, NoReply, Record, Send, Steps
-from ._journal import Journal, JournalEntry
+from ._context import Context
+from ._effects import Begin, Claim, HttpReply, JournalEffect, NoReply, Record, Release, Send, Steps
+from ._journal import Journal, new_owner
 from ._keys import uuid7
-from ._models import Card, Transaction, card_from
-from ._protocol import Context, pay
+from ._models import Card, Recovered, Transaction, card_from
+from ._protocol import pay, recover
 from ._request import build_body
 from ._retry import RetryPolicy
 
-__all__ = ["NETWORKS", "BaseClient", "no_reply", "reply_from"]
+__all__ = ["MAX_DEADLINE_S", "NETWORKS", "BaseClient", "no_reply", "reply_from"]
+
+MAX_DEADLINE_S = 3600.0
+"""A payment deadline longer than an hour is a bug in the caller, not a customer waiting."""
 
 NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
 # The server's Date header has a resolution of one second: a smaller offset is noise.
@@ -40,9 +48,19 @@ def reply_from(response: httpx.Response) -> HttpReply:
     return HttpReply(response.status_code, headers, body)
 
 
-def no_reply(exc: httpx.TransportError) -> NoReply:
-    """Connect errors certainly happened before sending; anything else is in doubt."""
+def no_reply(exc: Exception) -> NoReply:
+    """Connect errors certainly happened before sending; anything else — a transport
+    error, a mangled body (``httpx.DecodingError``), a closed event loop — is in doubt."""
     return NoReply(sent=not isinstance(exc, _NOT_SENT), error=f"{type(exc).__name__}: {exc}")
+
+
+def _check_number(name: str, value: float, *, low: float, high: float, low_ok: bool) -> None:
+    valid = isinstance(value, int | float) and not isinstance(value, bool)
+    valid = valid and math.isfinite(value) and value <= high
+    valid = valid and (value >= low if low_ok else value > low)
+    if not valid:
+        bound = "≥" if low_ok else ">"
+        raise ValueError(f"{name} must be a finite number {bound} {low} and ≤ {high}: {value!r}")
 
 
 def send_kwargs(effect: Send) -> dict[str, Any]:
@@ -65,11 +83,16 @@ class BaseClient:
         send_expires_at: bool,
         seed: int | None,
         clock: Callable[[], float] | None,
+        monotonic: Callable[[], float] | None,
     ) -> None:
         if network is not None and network not in NETWORKS:
             raise ValueError(f"network must be one of {sorted(NETWORKS)}")
-        if timeout <= 0 or abort_grace_s < 0 or max_retries < 0:
-            raise ValueError("timeout must be > 0; abort_grace_s and max_retries >= 0")
+        _check_number("timeout", timeout, low=0.0, high=600.0, low_ok=False)
+        _check_number("abort_grace_s", abort_grace_s, low=0.0, high=MAX_DEADLINE_S, low_ok=True)
+        _check_number("base_backoff", base_backoff, low=0.0, high=600.0, low_ok=True)
+        _check_number("max_backoff", max_backoff, low=0.0, high=600.0, low_ok=True)
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError("max_retries must be an integer ≥ 0")
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
         if network is not None:
             headers["POS-Network"] = network
@@ -78,17 +101,17 @@ class BaseClient:
         self.send_expires_at = send_expires_at
         self._owns_journal = not isinstance(journal, Journal)
         self.journal = journal if isinstance(journal, Journal) else Journal(journal)
+        self.clock_offset_s: float | None = None  # server clock − ours, from Date headers
         self._ctx = Context(
             headers=headers,
             timeout=timeout,
             policy=RetryPolicy(base=base_backoff, cap=max_backoff),
             abort_grace_s=abort_grace_s,
             clock=clock or time.time,
+            monotonic=monotonic or time.monotonic,
+            server_clock=self._server_clock,
             rng=random.Random(seed),
         )
-        self._active: set[str] = set()
-        self._active_lock = threading.Lock()
-        self.clock_offset_s: float | None = None  # server clock − ours, from Date headers
 
     def _observe_clock(self, response: httpx.Response, sent_at: float) -> None:
         """Estimate how far the server's clock is from ours, NTP-style, so that
@@ -114,6 +137,9 @@ class BaseClient:
             return local
         return local + offset
 
+    def _server_clock(self) -> float:
+        return self._server_now(self._ctx.clock())
+
     def _payment(
         self,
         kind: Literal["purchase", "refund"],
@@ -128,11 +154,9 @@ class BaseClient:
         reverse_late_approval: bool,
     ) -> tuple[str, Steps[Transaction]]:
         """Mint the key once and build the steps; nothing is written or sent yet."""
-        if deadline_s <= 0:
-            raise ValueError("deadline_s must be > 0")
-        started = self._ctx.clock()
-        now = datetime.fromtimestamp(started, UTC)
-        server_now = datetime.fromtimestamp(self._server_now(started), UTC)
+        _check_number("deadline_s", deadline_s, low=0.0, high=MAX_DEADLINE_S, low_ok=False)
+        server_started = self._server_clock()
+        server_now = datetime.fromtimestamp(server_started, UTC)
         expires = server_now + timedelta(seconds=deadline_s) if self.send_expires_at else None
         body = build_body(
             terminal_id=self.terminal_id,
@@ -142,42 +166,44 @@ class BaseClient:
             card=card_from(card),
             installments=installments,
             metadata=metadata,
-            captured_at=captured_at or now,
+            captured_at=captured_at or server_now,
             expires_at=expires,
         )
-        key = str(uuid7(unix_ms=int(started * 1000)))
+        key = str(uuid7(unix_ms=int(server_started * 1000)))
         steps = pay(
             self._ctx,
             key=key,
             request_json=body,
-            deadline=started + deadline_s,
+            deadline_s=float(deadline_s),
             reverse_late_approval=reverse_late_approval,
+            owner=new_owner(),
         )
         return key, steps
 
-    def _write(self, effect: Begin | Record) -> JournalEntry:
+    def _recovery(self) -> Steps[list[Recovered]]:
+        return recover(self._ctx, owner=new_owner())
+
+    def _journal_effect(self, effect: JournalEffect) -> object:
+        journal = self.journal
         if isinstance(effect, Begin):
-            return self.journal.begin(
+            return journal.begin(
                 effect.key,
                 effect.request_json,
                 deadline=effect.deadline,
                 reverse_late_approval=effect.reverse_late_approval,
+                owner=effect.owner,
+                lease_until=effect.lease_until,
             )
-        return self.journal.transition(
-            effect.key, effect.state, attempts=effect.attempts, outcome=effect.outcome
-        )
-
-    def _claim(self, key: str) -> bool:
-        """Mark a key as driven by this process; False if something already drives it."""
-        with self._active_lock:
-            if key in self._active:
-                return False
-            self._active.add(key)
-            return True
-
-    def _release(self, key: str) -> None:
-        with self._active_lock:
-            self._active.discard(key)
+        if isinstance(effect, Claim):
+            return journal.claim(effect.key, effect.owner, now=effect.now, hold_s=effect.hold_s)
+        if isinstance(effect, Release):
+            journal.release(effect.key, effect.owner)
+            return None
+        if isinstance(effect, Record):
+            return journal.transition(
+                effect.key, effect.state, attempts=effect.attempts, outcome=effect.outcome
+            )
+        return [entry.key for entry in journal.unresolved()]
 
     def _close_journal(self) -> None:
         if self._owns_journal:

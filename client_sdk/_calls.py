@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
+from ._context import Context, send, sleep
 from ._effects import HttpReply, NoReply, Steps
 from ._exceptions import APIConnectionError, error_from_response
 from ._models import Fenced, Processing, Transaction
-from ._protocol import Context, send, sleep
 from ._retry import parse_retry_after
 
 __all__ = ["abort", "lookup", "reverse"]

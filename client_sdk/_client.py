@@ -1,5 +1,8 @@
 """``Client`` and ``AsyncClient``: the same surface, differing only in how they run the
-protocol's effects (blocking calls vs awaits; journal writes go to a thread when async)."""
+protocol's effects (blocking calls vs awaits; journal writes go to a thread when async).
+
+An effect that fails is thrown into the protocol, which decides what it means; ``_send``
+never raises: whatever goes wrong once a request may have left is a ``NoReply``."""
 
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ from ._calls import abort, lookup, reverse
 from ._effects import Reply, Send, Sleep, Steps
 from ._journal import Journal
 from ._models import Card, Fenced, Processing, Recovered, Transaction
-from ._protocol import recover_entry
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -46,6 +48,7 @@ class Client(BaseClient):
         send_expires_at: bool = True,
         seed: int | None = None,
         clock: Callable[[], float] | None = None,
+        monotonic: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__(
@@ -61,6 +64,7 @@ class Client(BaseClient):
             send_expires_at=send_expires_at,
             seed=seed,
             clock=clock,
+            monotonic=monotonic,
         )
         self._http = httpx.Client(base_url=base_url, transport=transport, timeout=timeout)
         self._sleep = sleep or time.sleep
@@ -77,7 +81,7 @@ class Client(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
-        key, steps = self._payment(
+        _, steps = self._payment(
             "purchase",
             amount=amount,
             currency=currency,
@@ -88,7 +92,7 @@ class Client(BaseClient):
             captured_at=captured_at,
             reverse_late_approval=reverse_late_approval,
         )
-        return self._drive(key, steps)
+        return self._run(steps)
 
     def refund(
         self,
@@ -102,7 +106,7 @@ class Client(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
-        key, steps = self._payment(
+        _, steps = self._payment(
             "refund",
             amount=amount,
             currency=currency,
@@ -113,7 +117,7 @@ class Client(BaseClient):
             captured_at=captured_at,
             reverse_late_approval=reverse_late_approval,
         )
-        return self._drive(key, steps)
+        return self._run(steps)
 
     def lookup(self, id: str) -> Transaction | Processing:
         return self._run(lookup(self._ctx, id, max_retries=self.max_retries))
@@ -125,15 +129,8 @@ class Client(BaseClient):
         return self._run(reverse(self._ctx, id, max_retries=self.max_retries))
 
     def recover(self) -> list[Recovered]:
-        """Resolve every unfinished journal entry not being driven right now."""
-        results = []
-        for entry in self.journal.unresolved():
-            if self._claim(entry.key):
-                try:
-                    results.append(self._run(recover_entry(self._ctx, entry)))
-                finally:
-                    self._release(entry.key)
-        return results
+        """Settle every unfinished journal entry no other driver holds (never sells)."""
+        return self._run(self._recovery())
 
     def close(self) -> None:
         self._http.close()
@@ -150,36 +147,33 @@ class Client(BaseClient):
     ) -> None:
         self.close()
 
-    def _drive(self, key: str, steps: Steps[Transaction]) -> Transaction:
-        self._claim(key)
-        try:
-            return self._run(steps)
-        finally:
-            self._release(key)
-
     def _run(self, steps: Steps[_T]) -> _T:
         reply: object = None
+        failure: Exception | None = None
         while True:
             try:
-                effect = steps.send(reply)
+                effect = steps.send(reply) if failure is None else steps.throw(failure)
             except StopIteration as done:
                 return cast(_T, done.value)
-            if isinstance(effect, Send):
-                reply = self._send(effect)
-            elif isinstance(effect, Sleep):
-                self._sleep(effect.seconds)
-                reply = None
-            else:
-                reply = self._write(effect)
+            reply, failure = None, None
+            try:
+                if isinstance(effect, Send):
+                    reply = self._send(effect)
+                elif isinstance(effect, Sleep):
+                    self._sleep(effect.seconds)
+                else:
+                    reply = self._journal_effect(effect)
+            except Exception as exc:
+                failure = exc
 
     def _send(self, effect: Send) -> Reply:
         sent_at = self._ctx.clock()
         try:
             response = self._http.request(effect.method, effect.path, **send_kwargs(effect))
-        except httpx.TransportError as exc:
+            self._observe_clock(response, sent_at)
+            return reply_from(response)
+        except Exception as exc:
             return no_reply(exc)
-        self._observe_clock(response, sent_at)
-        return reply_from(response)
 
 
 class AsyncClient(BaseClient):
@@ -202,6 +196,7 @@ class AsyncClient(BaseClient):
         send_expires_at: bool = True,
         seed: int | None = None,
         clock: Callable[[], float] | None = None,
+        monotonic: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(
@@ -217,6 +212,7 @@ class AsyncClient(BaseClient):
             send_expires_at=send_expires_at,
             seed=seed,
             clock=clock,
+            monotonic=monotonic,
         )
         self._http = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout)
         self._sleep = sleep or asyncio.sleep
@@ -233,7 +229,7 @@ class AsyncClient(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
-        key, steps = self._payment(
+        _, steps = self._payment(
             "purchase",
             amount=amount,
             currency=currency,
@@ -244,7 +240,7 @@ class AsyncClient(BaseClient):
             captured_at=captured_at,
             reverse_late_approval=reverse_late_approval,
         )
-        return await self._drive(key, steps)
+        return await self._run(steps)
 
     async def refund(
         self,
@@ -258,7 +254,7 @@ class AsyncClient(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
-        key, steps = self._payment(
+        _, steps = self._payment(
             "refund",
             amount=amount,
             currency=currency,
@@ -269,7 +265,7 @@ class AsyncClient(BaseClient):
             captured_at=captured_at,
             reverse_late_approval=reverse_late_approval,
         )
-        return await self._drive(key, steps)
+        return await self._run(steps)
 
     async def lookup(self, id: str) -> Transaction | Processing:
         return await self._run(lookup(self._ctx, id, max_retries=self.max_retries))
@@ -281,15 +277,8 @@ class AsyncClient(BaseClient):
         return await self._run(reverse(self._ctx, id, max_retries=self.max_retries))
 
     async def recover(self) -> list[Recovered]:
-        """Resolve every unfinished journal entry not being driven right now."""
-        results = []
-        for entry in await asyncio.to_thread(self.journal.unresolved):
-            if self._claim(entry.key):
-                try:
-                    results.append(await self._run(recover_entry(self._ctx, entry)))
-                finally:
-                    self._release(entry.key)
-        return results
+        """Settle every unfinished journal entry no other driver holds (never sells)."""
+        return await self._run(self._recovery())
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -306,33 +295,30 @@ class AsyncClient(BaseClient):
     ) -> None:
         await self.close()
 
-    async def _drive(self, key: str, steps: Steps[Transaction]) -> Transaction:
-        self._claim(key)
-        try:
-            return await self._run(steps)
-        finally:
-            self._release(key)
-
     async def _run(self, steps: Steps[_T]) -> _T:
         reply: object = None
+        failure: Exception | None = None
         while True:
             try:
-                effect = steps.send(reply)
+                effect = steps.send(reply) if failure is None else steps.throw(failure)
             except StopIteration as done:
                 return cast(_T, done.value)
-            if isinstance(effect, Send):
-                reply = await self._send(effect)
-            elif isinstance(effect, Sleep):
-                await self._sleep(effect.seconds)
-                reply = None
-            else:
-                reply = await asyncio.to_thread(self._write, effect)
+            reply, failure = None, None
+            try:
+                if isinstance(effect, Send):
+                    reply = await self._send(effect)
+                elif isinstance(effect, Sleep):
+                    await self._sleep(effect.seconds)
+                else:
+                    reply = await asyncio.to_thread(self._journal_effect, effect)
+            except Exception as exc:
+                failure = exc
 
     async def _send(self, effect: Send) -> Reply:
         sent_at = self._ctx.clock()
         try:
             response = await self._http.request(effect.method, effect.path, **send_kwargs(effect))
-        except httpx.TransportError as exc:
+            self._observe_clock(response, sent_at)
+            return reply_from(response)
+        except Exception as exc:
             return no_reply(exc)
-        self._observe_clock(response, sent_at)
-        return reply_from(response)

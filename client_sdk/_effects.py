@@ -4,10 +4,18 @@ The protocol (``_protocol``) is a generator that yields effects and receives the
 results; ``Client`` runs them with blocking calls, ``AsyncClient`` awaits them. That is
 the only difference between the two clients.
 
-    Begin  → JournalEntry   write a new PENDING entry (committed before any send)
-    Record → JournalEntry   move an entry to another state
-    Send   → Reply          one HTTP exchange: HttpReply, or NoReply on a network failure
-    Sleep  → None
+    Begin      → JournalEntry         write a new PENDING entry, leased to its driver
+                                      (committed before any send)
+    Claim      → JournalEntry | None  re-read an entry and take its lease (None: held)
+    Release    → None                 give the lease back
+    Unfinished → list[str]            the keys of every unfinished entry, oldest first
+    Record     → JournalEntry         move an entry to another state
+    Send       → Reply                one HTTP exchange: HttpReply, or NoReply when no
+                                      answer came (whatever went wrong)
+    Sleep      → None
+
+An effect that fails (a journal error, say) is thrown into the protocol at its ``yield``:
+the protocol, not the client, decides what a failure means for the payment.
 """
 
 from __future__ import annotations
@@ -20,14 +28,18 @@ from ._models import JournalState
 
 __all__ = [
     "Begin",
+    "Claim",
     "Effect",
     "HttpReply",
+    "JournalEffect",
     "NoReply",
     "Record",
+    "Release",
     "Reply",
     "Send",
     "Sleep",
     "Steps",
+    "Unfinished",
 ]
 
 
@@ -35,8 +47,29 @@ __all__ = [
 class Begin:
     key: str
     request_json: str
-    deadline: float
+    deadline: float  # wall clock (unix seconds): it must survive a reboot
     reverse_late_approval: bool
+    owner: str
+    lease_until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    key: str
+    owner: str
+    now: float
+    hold_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    key: str
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +111,8 @@ class NoReply:
     error: str
 
 
-Effect = Begin | Record | Send | Sleep
+JournalEffect = Begin | Claim | Release | Unfinished | Record
+Effect = JournalEffect | Send | Sleep
 Reply = HttpReply | NoReply
 _T = TypeVar("_T")
 Steps = Generator[Effect, object, _T]

@@ -24,7 +24,7 @@ IdempayError
 │       └── ServiceUnavailable     503 service_unavailable
 ├── APIConnectionError             no answer (network failure) after the allowed retries
 ├── PaymentAborted                 the payment is fenced: definitive, never charged
-├── PaymentInDoubt                 no definitive answer, not even from abort; journal keeps it
+├── PaymentInDoubt                 no definitive answer recorded (``result`` if one arrived)
 └── JournalError                   the local journal refused an operation
     └── InvalidTransition          a transition out of a terminal state (or back to PENDING)
 ```
@@ -187,11 +187,16 @@ class PaymentAborted(IdempayError):
 
 
 class PaymentInDoubt(IdempayError):
-    """Not even the abort reached the server; the journal keeps the entry for recover()."""
+    """No definitive answer the terminal could record — not even the abort reached the
+    server, or the journal failed after a send; the entry stays for recover().
 
-    def __init__(self, message: str, *, key: str) -> None:
+    ``result`` is the server's definitive answer when one arrived but could not be
+    journaled: a ``Transaction`` (it *was* processed: do not charge again) or ``Fenced``."""
+
+    def __init__(self, message: str, *, key: str, result: object = None) -> None:
         super().__init__(message)
         self.key = key
+        self.result = result
 
 
 class JournalError(IdempayError):
@@ -199,7 +204,11 @@ class JournalError(IdempayError):
 
 
 class InvalidTransition(JournalError):
-    """A journal entry cannot move to the requested state."""
+    """A journal entry cannot move to the requested state (``entry``: as it stands)."""
+
+    def __init__(self, message: str, *, entry: object = None) -> None:
+        super().__init__(message)
+        self.entry = entry
 
 
 _BY_CODE: dict[str, type[APIError]] = {

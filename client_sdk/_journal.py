@@ -1,7 +1,9 @@
 """The terminal's durable journal: what the terminal still owes, one row per payment.
 
 SQLite in WAL mode with ``synchronous=FULL``: every commit is fsync'd before it returns,
-so an entry written before the first send survives a process kill or a power cut.
+so an entry written before the first send survives a process kill or a power cut. The
+file's integrity, schema version and identity are checked by ``_journal_file``; every
+storage failure surfaces as ``JournalError``.
 
     PENDING ─► SENT ─► IN_DOUBT ─► RESOLVED | ABORTED
                  ▲        │
@@ -9,42 +11,35 @@ so an entry written before the first send survives a process kill or a power cut
 
 Any non-terminal state may move to any other non-terminal state except back to PENDING,
 or to a terminal state. RESOLVED and ABORTED are final: a transition out of them raises
-``InvalidTransition``. ``attempts`` never decreases.
+``InvalidTransition`` (carrying the final entry). ``attempts`` never decreases.
+
+**The driver's lease.** One driver per key across threads, clients and processes sharing
+the file: ``begin`` writes the entry already leased to its driver, ``claim`` takes an
+unfinished entry's lease (and re-reads it) only when nobody else holds it — a holder
+counts while its lease runs (``lease_until``, wall clock) and its process is alive (the
+owner names its pid and a per-process token, so a rebooted process that got the same pid
+is not mistaken for it; a terminal's journal is on the terminal's own disk).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
 from ._exceptions import InvalidTransition, JournalError
+from ._journal_file import check_identity, open_database
 from ._models import JournalState
 
-__all__ = ["Journal", "JournalEntry"]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS journal_entry (
-    key TEXT PRIMARY KEY,
-    request TEXT NOT NULL,
-    state TEXT NOT NULL
-        CHECK (state IN ('PENDING', 'SENT', 'IN_DOUBT', 'RESOLVED', 'ABORTED')),
-    attempts INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    outcome TEXT,
-    deadline REAL NOT NULL,
-    reverse_late_approval INTEGER NOT NULL DEFAULT 0,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS ix_journal_entry_open
-    ON journal_entry (created_at) WHERE state NOT IN ('RESOLVED', 'ABORTED');
-"""
+__all__ = ["Journal", "JournalEntry", "new_owner", "owner_alive"]
 
 _COLUMNS = (
     "key, request, state, attempts, outcome, deadline, reverse_late_approval, "
@@ -91,23 +86,52 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
+_PROCESS = secrets.token_hex(8)  # tells this process from an earlier one with the same pid
+
+
+def new_owner() -> str:
+    """A lease owner for one drive: ``"<pid>:<process token>:<drive token>"``."""
+    return f"{os.getpid()}:{_PROCESS}:{secrets.token_hex(8)}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process that wrote a lease owner is still running."""
+    pid_text, _, rest = owner.partition(":")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return rest.partition(":")[0] == _PROCESS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
 class Journal:
     """A SQLite journal file. One instance per process; safe to share between threads."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=30.0
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db, self._identity = open_database(self.path)
 
     def begin(
-        self, key: str, request_json: str, *, deadline: float, reverse_late_approval: bool
+        self,
+        key: str,
+        request_json: str,
+        *,
+        deadline: float,
+        reverse_late_approval: bool,
+        owner: str | None = None,
+        lease_until: float | None = None,
     ) -> JournalEntry:
-        """Write a new PENDING entry and commit it (fsync) before anything is sent."""
+        """Write a new PENDING entry (leased to ``owner``) and commit it (fsync) before
+        anything is sent."""
         now = _now()
         row = (
             key,
@@ -120,14 +144,46 @@ class Journal:
             now,
             now,
         )
-        with self._lock:
+        with self._open():
             try:
                 self._db.execute(
-                    f"INSERT INTO journal_entry ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", row
+                    f"INSERT INTO journal_entry ({_COLUMNS}, lease_owner, lease_until) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (*row, owner, lease_until),
                 )
             except sqlite3.IntegrityError as exc:
                 raise JournalError(f"journal already has key {key}") from exc
         return _entry(row)
+
+    def claim(self, key: str, owner: str, *, now: float, hold_s: float) -> JournalEntry | None:
+        """Re-read ``key`` and lease it to ``owner`` until ``max(deadline, now) + hold_s``.
+
+        None when another live driver holds it (or the key is gone). A final entry is
+        returned as it is, without a lease: there is nothing left to drive."""
+        with self._open(), self._transaction():
+            entry = self._get(key)
+            if entry is None or entry.state.is_terminal:
+                return entry
+            holder, until = self._db.execute(
+                "SELECT lease_owner, lease_until FROM journal_entry WHERE key = ?", (key,)
+            ).fetchone()
+            held = holder is not None and holder != owner and until is not None
+            if held and until > now and owner_alive(holder):
+                return None
+            self._db.execute(
+                "UPDATE journal_entry SET lease_owner = ?, lease_until = ? WHERE key = ?",
+                (owner, max(entry.deadline, now) + hold_s, key),
+            )
+            return entry
+
+    def release(self, key: str, owner: str) -> None:
+        """Give the lease back (only if ``owner`` still holds it)."""
+        with self._open():
+            self._db.execute(
+                "UPDATE journal_entry SET lease_owner = NULL, lease_until = NULL "
+                "WHERE key = ? AND lease_owner = ?",
+                (key, owner),
+            )
 
     def transition(
         self,
@@ -138,34 +194,28 @@ class Journal:
         outcome: Mapping[str, Any] | None = None,
     ) -> JournalEntry:
         """Move ``key`` to ``state`` atomically; InvalidTransition out of a final state."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                entry = self._get(key)
-                if entry is None:
-                    raise JournalError(f"journal has no key {key}")
-                _check(entry, state, attempts)
-                self._db.execute(
-                    "UPDATE journal_entry SET state = ?, attempts = ?, outcome = ?, "
-                    "updated_at = ? WHERE key = ?",
-                    (
-                        state.value,
-                        entry.attempts if attempts is None else attempts,
-                        _dump(outcome) if outcome is not None else _dump(entry.outcome),
-                        _now(),
-                        key,
-                    ),
-                )
-                updated = self._get(key)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._open(), self._transaction():
+            entry = self._get(key)
+            if entry is None:
+                raise JournalError(f"journal has no key {key}")
+            _check(entry, state, attempts)
+            self._db.execute(
+                "UPDATE journal_entry SET state = ?, attempts = ?, outcome = ?, "
+                "updated_at = ? WHERE key = ?",
+                (
+                    state.value,
+                    entry.attempts if attempts is None else attempts,
+                    _dump(outcome) if outcome is not None else _dump(entry.outcome),
+                    _now(),
+                    key,
+                ),
+            )
+            updated = self._get(key)
         assert updated is not None
         return updated
 
     def get(self, key: str) -> JournalEntry | None:
-        with self._lock:
+        with self._open():
             return self._get(key)
 
     def unresolved(self) -> list[JournalEntry]:
@@ -178,6 +228,27 @@ class Journal:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    @contextmanager
+    def _open(self) -> Iterator[None]:
+        """Serialize access, check the file is still ours, and turn storage errors into
+        JournalError."""
+        with self._lock:
+            check_identity(self.path, self._identity)
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise JournalError(f"journal {self.path}: {exc}") from exc
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def __enter__(self) -> Journal:
         return self
@@ -196,7 +267,7 @@ class Journal:
         return None if row is None else _entry(row)
 
     def _select(self, where: str) -> list[JournalEntry]:
-        with self._lock:
+        with self._open():
             cursor = self._db.execute(
                 f"SELECT {_COLUMNS} FROM journal_entry {where} ORDER BY created_at, key"
             )
@@ -209,7 +280,9 @@ def _dump(value: Mapping[str, Any] | None) -> str | None:
 
 def _check(entry: JournalEntry, state: JournalState, attempts: int | None) -> None:
     if entry.state.is_terminal:
-        raise InvalidTransition(f"{entry.key}: {entry.state} is final, cannot become {state}")
+        raise InvalidTransition(
+            f"{entry.key}: {entry.state} is final, cannot become {state}", entry=entry
+        )
     if state is JournalState.PENDING:
         raise InvalidTransition(f"{entry.key}: cannot go back to PENDING")
     if attempts is not None and attempts < entry.attempts:

@@ -51,14 +51,17 @@ def _seconds_until_date(text: str, now: datetime) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How long to wait between tries. Retry-After wins when the server sends it
-    (clamped to ``max_retry_after``); otherwise full-jitter backoff."""
+    """How long to wait between tries: full-jitter backoff, lengthened (never shortened)
+    by the server's Retry-After, which is clamped to ``max_retry_after``. A ``Retry-After:
+    0`` or a date in the past — from a proxy, or read against a clock that runs ahead —
+    can therefore never turn the retries into a storm."""
 
     base: float = 0.1
     cap: float = 5.0
     max_retry_after: float = 60.0
 
     def wait(self, attempt: int, retry_after: float | None, rng: random.Random) -> float:
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_retry_after)
-        return backoff(attempt, base=self.base, cap=self.cap, rng=rng)
+        jittered = backoff(attempt, base=self.base, cap=self.cap, rng=rng)
+        if retry_after is None or not math.isfinite(retry_after):
+            return jittered
+        return max(jittered, min(max(retry_after, 0.0), self.max_retry_after))

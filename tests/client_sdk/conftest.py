@@ -43,6 +43,7 @@ def make_client(
             "transport": fake.transport(),
             "seed": 7,
             "clock": clock,
+            "monotonic": clock,
             "sleep": clock.sleep,
             "abort_grace_s": 5.0,
         }
@@ -69,6 +70,7 @@ def make_async_client(
             "transport": fake.transport(),
             "seed": 7,
             "clock": clock,
+            "monotonic": clock,
             "sleep": clock.async_sleep,
             "abort_grace_s": 5.0,
         }

@@ -3,7 +3,8 @@ against its own clock, so the SDK estimates the server's clock from the ``Date``
 and sets ``expires_at`` on it. Only a payment started before the terminal has heard from
 the server can carry a stale ``expires_at``; the server then fences it as expired (never
 processed) — the chaos harness found a skewed terminal refused on every payment before
-this."""
+this. ``captured_at`` and the UUIDv7 key time follow the same estimate (issue 14 item 6:
+a terminal 40 days behind was refused on every payment)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from integration_db import Merchant
 
-from client_sdk import Client, PaymentAborted
+from client_sdk import Client, NotFound, PaymentAborted
 from tests.support.backend import Backend
 from tests.support.services import Server
 
@@ -56,9 +57,11 @@ def test_a_terminal_clock_minutes_behind_still_pays_once_it_has_heard_the_server
     assert merchant.charges() == {p.id: 1 for p in paid}
 
 
-def test_a_terminal_clock_ahead_keeps_its_device_time_in_captured_at(
+def test_a_terminal_clock_ahead_sends_every_time_on_the_servers_clock(
     pg_backend: Backend, server: Server, tmp_path: Path
 ) -> None:
+    """SPEC §4: captured_at, expires_at and the UUIDv7 time all follow the learned offset
+    (the server refuses a captured_at or key time too far ahead: 422 clock_skew)."""
     merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
     with Client(
         server.url,
@@ -67,15 +70,37 @@ def test_a_terminal_clock_ahead_keeps_its_device_time_in_captured_at(
         journal=tmp_path / "pos.db",
         clock=lambda: time.time() + 600.0,
     ) as pos:
+        with pytest.raises(NotFound):  # any answer teaches the SDK the server's clock
+            pos.lookup(str(uuid.uuid4()))
         first = pos.purchase(amount=500, currency="BRL", card=CARD)
-        second = pos.purchase(amount=501, currency="BRL", card=CARD)
         offset = pos.clock_offset_s
-        entries = {e.key: e.request_json for e in pos.journal.entries()}
-    assert (first.status, second.status) == ("approved", "approved")
+        sent = json.loads(pos.journal.get(first.id).request_json)  # type: ignore[union-attr]
+    assert first.status == "approved"
     assert offset is not None and abs(offset + 600.0) < 3.0
-    sent = json.loads(entries[second.id])
-    captured, expires = sent["captured_at"], sent["expires_at"]
-    # captured_at stays the device's own time (the audit wants what the terminal saw);
-    # expires_at is on the server's clock: ~10 minutes earlier than the device's.
-    gap = datetime.fromisoformat(captured) - datetime.fromisoformat(expires)
-    assert 500 < gap.total_seconds() < 600
+    captured = datetime.fromisoformat(sent["captured_at"])
+    expires = datetime.fromisoformat(sent["expires_at"])
+    key_ms = uuid.UUID(first.id).int >> 80
+    assert abs(captured.timestamp() - time.time()) < 60  # the server's time, not +600 s
+    assert abs((expires - captured).total_seconds() - 60.0) < 1.0  # deadline_s default
+    assert abs(key_ms / 1000 - captured.timestamp()) < 1.0
+
+
+def test_a_terminal_clock_forty_days_behind_sells_once_it_has_heard_the_server(
+    pg_backend: Backend, server: Server, tmp_path: Path
+) -> None:
+    """Issue 14 item 6: captured_at used to be the raw device clock — 40 days old, past
+    the retention window — so every payment was fenced as expired."""
+    merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
+    with Client(
+        server.url,
+        merchant.api_key,
+        terminal_id="T-BEHIND",
+        journal=tmp_path / "pos.db",
+        clock=lambda: time.time() - 40 * 86_400.0,
+    ) as pos:
+        with pytest.raises(NotFound):
+            pos.lookup(str(uuid.uuid4()))
+        paid = [pos.purchase(amount=700 + i, currency="BRL", card=CARD) for i in range(2)]
+    assert [p.status for p in paid] == ["approved"] * 2
+    assert merchant.transactions() == {p.id: "approved" for p in paid}
+    assert merchant.charges() == {p.id: 1 for p in paid}

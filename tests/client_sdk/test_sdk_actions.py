@@ -60,7 +60,7 @@ RETRIES: list[tuple[Phase, Reply, Retry]] = [
     (C, http(201, {"id": KEY, "status": "garbled"}), Retry(L, None, True)),
     (L, http(202, {"id": KEY, "status": "processing"}, retry_after="1"), Retry(L, 1.0, True)),
     (L, problem(409, "request_in_progress"), Retry(L, None, True)),
-    (L, problem(404, "not_found"), Retry(C, 0.0, False)),
+    (L, problem(404, "not_found"), Retry(C, None, False, now=True)),
     (L, problem(429, "rate_limited", retry_after="5"), Retry(L, 5.0, True)),
     (L, http(500), Retry(L, None, True)),
     (L, LOST, Retry(L, None, True)),

@@ -1,9 +1,11 @@
 """The SDK's estimate of the server clock (``Date`` header, NTP-style): quick round trips
-set it, an answer the network held for seconds does not, and ``expires_at`` follows it."""
+set it, an answer the network held for seconds does not, and ``captured_at``,
+``expires_at`` and the key's UUIDv7 time follow it."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
@@ -90,7 +92,11 @@ def test_expires_at_is_set_on_the_estimated_server_clock(tmp_path: Path) -> None
                 card={"token": "tok_visa_4242", "last4": "4242", "brand": "visa"},
                 deadline_s=30,
             )
+        [entry] = pos.journal.entries()
     body = world.bodies[0]
     expires = datetime.fromisoformat(str(body["expires_at"])).timestamp()
     captured = datetime.fromisoformat(str(body["captured_at"])).timestamp()
-    assert abs(expires - (captured + SERVER_AHEAD_S + 30)) <= 1.0  # server clock + deadline
+    # both on the server's clock (SPEC §4): captured_at too, 300 s ahead of the device's
+    assert abs(captured - (world.now + SERVER_AHEAD_S)) <= 1.0
+    assert abs(expires - (captured + 30)) <= 1.0  # server clock + deadline
+    assert abs((uuid.UUID(entry.key).int >> 80) / 1000 - captured) <= 1.0  # UUIDv7 time

@@ -42,19 +42,29 @@ def leave_entry(
             journal.transition(KEY, state, attempts=attempts)
 
 
-def test_recover_resends_an_unprocessed_entry_continuing_the_attempt_numbers(
+def test_recover_never_sells_it_fences_a_key_the_server_does_not_know(
     make_client: MakeClient, journal_path: Path, clock: FakeClock, fake: FakeIdempay
 ) -> None:
+    """Issue 24 item 4: recover() looked the key up (404) and sent the payment for the
+    first time at boot, while the cashier was already running the sale again."""
     leave_entry(journal_path, deadline=clock.now + 30)
     client = make_client()
     [recovered] = client.recover()
-    assert recovered.state is JournalState.RESOLVED and recovered.transaction is not None
-    assert recovered.transaction.id == KEY
-    assert [s.endpoint for s in fake.seen] == ["lookup", "create"]
-    assert fake.seen[1].headers["idempotency-attempt"] == "3"
-    assert fake.seen[1].body == REQUEST
+    assert recovered.state is JournalState.ABORTED and recovered.transaction is None
+    assert [s.endpoint for s in fake.seen] == ["lookup", "abort"]
+    assert fake.calls("create") == [] and fake.keys[KEY].state == "aborted"
     entry = client.journal.get(KEY)
-    assert entry is not None and (entry.state, entry.attempts) == (JournalState.RESOLVED, 3)
+    assert entry is not None and (entry.state, entry.attempts) == (JournalState.ABORTED, 2)
+
+
+def test_recover_fences_a_never_sent_entry_without_looking_it_up(
+    make_client: MakeClient, journal_path: Path, clock: FakeClock, fake: FakeIdempay
+) -> None:
+    leave_entry(journal_path, deadline=clock.now + 30, state=JournalState.PENDING)
+    [recovered] = make_client().recover()
+    assert recovered.state is JournalState.ABORTED
+    assert [s.endpoint for s in fake.wire] == ["abort"]
+    assert fake.keys[KEY].state == "aborted"
 
 
 def test_recover_fences_an_unprocessed_entry_past_its_deadline_instead_of_resending(
@@ -139,7 +149,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_an_entry_survives_the_process_being_killed_and_recover_finishes_it(
+def test_an_entry_survives_the_process_being_killed_and_recover_settles_it(
     make_client: MakeClient, journal_path: Path, fake: FakeIdempay
 ) -> None:
     child = subprocess.run(
@@ -149,14 +159,11 @@ def test_an_entry_survives_the_process_being_killed_and_recover_finishes_it(
     with Journal(journal_path) as journal:
         [left] = journal.unresolved()
     assert (left.state, left.attempts) == (JournalState.SENT, 1)
-    client = make_client(clock=time.time, sleep=time.sleep)
+    client = make_client(clock=time.time, monotonic=time.monotonic, sleep=time.sleep)
     [recovered] = client.recover()
-    assert recovered.transaction is not None and recovered.transaction.id == left.key
-    assert [(s.endpoint, s.headers.get("idempotency-attempt")) for s in fake.seen] == [
-        ("lookup", None),
-        ("create", "2"),
-    ]
-    assert fake.seen[1].headers["idempotency-key"] == left.key
+    assert (recovered.key, recovered.state) == (left.key, JournalState.ABORTED)
+    assert [s.endpoint for s in fake.seen] == ["lookup", "abort"]  # never resent at boot
+    assert fake.keys[left.key].state == "aborted" and not fake.processed
 
 
 def test_recover_looks_up_with_the_full_timeout_even_past_the_deadline(

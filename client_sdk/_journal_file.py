@@ -1,0 +1,105 @@
+"""Opening the journal's SQLite file: integrity, schema version, and the file's identity.
+
+At open: ``PRAGMA quick_check`` must answer ``ok``; ``PRAGMA user_version`` says which
+schema the file holds — 0 (new, or written before versions were stamped) is brought up to
+``SCHEMA_VERSION``, a newer version is refused (an older SDK must not write to it).
+
+The file's identity (device, inode) is taken at open and checked before every operation:
+a journal deleted or replaced while the terminal runs would otherwise keep taking writes
+into an unlinked inode — fsync'd, and lost at the next boot.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from ._exceptions import JournalError
+
+__all__ = ["SCHEMA_VERSION", "FileIdentity", "check_identity", "open_database"]
+
+SCHEMA_VERSION = 2
+"""1: journal_entry; 2: + the driver's lease (lease_owner, lease_until)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS journal_entry (
+    key TEXT PRIMARY KEY,
+    request TEXT NOT NULL,
+    state TEXT NOT NULL
+        CHECK (state IN ('PENDING', 'SENT', 'IN_DOUBT', 'RESOLVED', 'ABORTED')),
+    attempts INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    outcome TEXT,
+    deadline REAL NOT NULL,
+    reverse_late_approval INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_journal_entry_open
+    ON journal_entry (created_at) WHERE state NOT IN ('RESOLVED', 'ABORTED');
+"""
+_LEASE_COLUMNS = (("lease_owner", "TEXT"), ("lease_until", "REAL"))
+
+FileIdentity = tuple[int, int]
+
+
+def _identity(path: str) -> FileIdentity | None:
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def check_identity(path: str, expected: FileIdentity | None) -> None:
+    """JournalError when the file at ``path`` is gone or is another file than at open."""
+    if expected is None:  # not a file (":memory:")
+        return
+    if _identity(path) != expected:
+        raise JournalError(
+            f"journal {path} was deleted or replaced while in use; refusing to write to a "
+            "file nobody will read after a reboot"
+        )
+
+
+def open_database(path: str) -> tuple[sqlite3.Connection, FileIdentity | None]:
+    """Connect, check integrity, bring the schema to ``SCHEMA_VERSION``."""
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        verdict = [row[0] for row in db.execute("PRAGMA quick_check").fetchall()]
+        if verdict != ["ok"]:
+            raise JournalError(f"journal {path} failed its integrity check: {verdict[:3]}")
+        _migrate(db, path)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise JournalError(f"journal {path} cannot be opened: {exc}") from exc
+    except BaseException:
+        db.close()
+        raise
+    memory = path == ":memory:" or path.startswith("file:")
+    return db, None if memory else _identity(path)
+
+
+def _migrate(db: sqlite3.Connection, path: str) -> None:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise JournalError(
+                f"journal {path} has schema version {version}; this SDK knows up to "
+                f"{SCHEMA_VERSION} and will not write to it"
+            )
+        if version < SCHEMA_VERSION:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(journal_entry)")}
+            for name, kind in _LEASE_COLUMNS:
+                if name not in columns:
+                    db.execute(f"ALTER TABLE journal_entry ADD COLUMN {name} {kind}")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
