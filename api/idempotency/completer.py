@@ -9,7 +9,9 @@ It is shared by every merchant, so it is fair between them (docs/security.md, "N
 neighbours"): a re-drive of a key the issuer does not answer holds its slot for the whole
 issuer timeout, and one merchant's flood of such keys must not delay anyone else's.
 
-* ``slots`` re-drives run at once, and one merchant holds at most ``per_merchant`` of them;
+* ``slots`` re-drives run at once; one merchant holds at most ``per_merchant`` of them while
+  others wait, and may use the slots nobody else wants except ``reserve`` kept free, so a
+  merchant whose key comes due always finds one at the next tick;
 * free slots are dealt round-robin between merchants, each merchant's keys in deadline order
   (the due keys are read per merchant, so a merchant with few keys is never behind a page of
   another's);
@@ -80,6 +82,7 @@ class Completer:
         self.interval = interval
         self.slots = slots
         self.per_merchant = per_merchant or max(1, slots // 4)
+        self.reserve = max(1, slots // 8)
         self.recovered = {"completed": 0, "aborted": 0, "pending": 0}
         self._running: dict[_Key, asyncio.Task[None]] = {}
         self._busy: Counter[str] = Counter()  # merchant -> keys of it being re-driven
@@ -114,7 +117,9 @@ class Completer:
         return started
 
     def _fair(self, records: Sequence[KeyRecord], free: int) -> list[KeyRecord]:
-        """Round-robin over merchants (each in deadline order), within the caps."""
+        """Round-robin over merchants, each in deadline order: first within the per-merchant
+        cap; then, so that one merchant alone is not slowed down, the slots nobody else
+        wants — all but ``reserve`` of them, kept free for a merchant whose key is due next."""
         now = time.monotonic()
         self._forget_stale(now)
         queues: dict[str, list[KeyRecord]] = defaultdict(list)
@@ -125,17 +130,17 @@ class Completer:
             queues[record.merchant_id].append(record)
         chosen: list[KeyRecord] = []
         taken: Counter[str] = Counter()
-        while len(chosen) < free and queues:
-            for merchant in list(queues):
-                if len(chosen) >= free:
-                    break
-                if not queues[merchant] or self._busy[merchant] + taken[merchant] >= (
-                    self.per_merchant
-                ):
-                    del queues[merchant]
-                    continue
-                chosen.append(queues[merchant].pop(0))
-                taken[merchant] += 1
+        for cap, limit in ((self.per_merchant, free), (self.slots, free - self.reserve)):
+            waiting = {merchant: queue for merchant, queue in queues.items() if queue}
+            while len(chosen) < limit and waiting:
+                for merchant in list(waiting):
+                    if len(chosen) >= limit:
+                        break
+                    if not waiting[merchant] or self._busy[merchant] + taken[merchant] >= cap:
+                        del waiting[merchant]
+                        continue
+                    chosen.append(waiting[merchant].pop(0))
+                    taken[merchant] += 1
         return chosen
 
     def _done(self, key: _Key, _task: asyncio.Task[None]) -> None:
