@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -256,10 +257,11 @@ class Terminal:
         return inner.stats if isinstance(inner, FaultyTransport) else {}
 
     def next_sale(self) -> Sale:
-        """The next customer at the till: a sale id, an amount and a card."""
+        """The next customer at the till: a sale id (unique, also across reboots, whose
+        card streams repeat), an amount and a card."""
         card = _card(self._rng, self.config)
         amount = self._rng.randint(100, 50_000)
-        return Sale(f"{self.client.terminal_id}:{self._rng.getrandbits(64):016x}", amount, card)
+        return Sale(f"{self.client.terminal_id}:{uuid.uuid4().hex}", amount, card)
 
     def sell(self, sale: Sale | None = None) -> tuple[str, str]:
         """One purchase (``sale``, or the next one): (key, approved | declined | aborted |
