@@ -13,15 +13,19 @@ from typing import Any
 import duckdb
 
 RESOLVING = "('found', 'created', 'replayed', 'aborted', 'fenced')"
+PART = "event_date=????-??-??"  # as the Spark job: only well-named partitions
 
 SQL = """
 CREATE OR REPLACE TEMP VIEW ev AS
-  SELECT *, CAST(ts AS DATE) AS event_date
-  FROM read_parquet('{lake}/request_events/*/*.parquet', hive_partitioning = false);
+  SELECT DISTINCT ON (event_id) *, CAST(ts AS DATE) AS event_date
+  FROM read_parquet('{lake}/request_events/{part}/*.parquet', hive_partitioning = false,
+                    union_by_name = true);
 CREATE OR REPLACE TEMP VIEW tx AS
-  SELECT * FROM read_parquet('{lake}/transactions/*/*.parquet', hive_partitioning = false);
+  SELECT DISTINCT ON (merchant_id, transaction_id) *
+  FROM read_parquet('{lake}/transactions/{part}/*.parquet', hive_partitioning = false);
 CREATE OR REPLACE TEMP VIEW le AS
-  SELECT * FROM read_parquet('{lake}/ledger_entries/*/*.parquet', hive_partitioning = false);
+  SELECT DISTINCT ON (entry_id) *
+  FROM read_parquet('{lake}/ledger_entries/{part}/*.parquet', hive_partitioning = false);
 
 CREATE OR REPLACE TEMP TABLE keys AS
 WITH first_lookup AS (
@@ -140,7 +144,7 @@ def daily_summary(lake: Path, *, start: date, end: date, threads: int) -> list[d
     try:
         conn.execute(f"SET threads = {int(threads)}")
         conn.execute("SET TimeZone = 'UTC'")
-        conn.execute(SQL.format(lake=Path(lake).as_posix(), resolving=RESOLVING))
+        conn.execute(SQL.format(lake=Path(lake).as_posix(), resolving=RESOLVING, part=PART))
         cursor = conn.execute(SUMMARY.format(start=start.isoformat(), end=end.isoformat()))
         columns = [d[0] for d in cursor.description]
         return [

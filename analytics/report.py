@@ -50,6 +50,7 @@ class AuditData:
     exactly_once_violations: Rows = field(default_factory=list)
     network_rates: Rows = field(default_factory=list)
     daily_trend: Rows = field(default_factory=list)
+    lake_warnings: Rows = field(default_factory=list)
 
     @property
     def fleet_days(self) -> Rows:
@@ -162,6 +163,23 @@ def _table(rows: Rows, columns: list[tuple[str, str, str]], empty: str) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _lake_banner(warnings: Rows) -> str:
+    if not warnings:
+        return ""
+    items = "".join(
+        f'<li class="lake-warning">{escape(w["kind"])} · {escape(w["table"])}'
+        f"{' · ' + escape(w['event_date']) if w['event_date'] else ''} · "
+        f"{escape(w['detail'])}</li>"
+        for w in warnings
+    )
+    return (
+        f'<div class="banner bad" id="lake-warnings">{len(warnings)} lake warning'
+        f"{'s' if len(warnings) != 1 else ''}: the lake this audit read is damaged or "
+        f"incomplete, so figures below may be wrong. Re-export before relying on them."
+        f"<ul>{items}</ul></div>"
+    )
+
+
 def _banner(violations: Rows) -> str:
     if not violations:
         return '<div class="banner ok" id="exactly-once">0 exactly-once violations.</div>'
@@ -254,6 +272,7 @@ def render(data: AuditData) -> str:
         f'<p class="muted">{data.start.isoformat()} to {data.end.isoformat()} (UTC, '
         "inclusive). Event metrics count on the event's day; key metrics on the day of the "
         "key's first event.</p>",
+        _lake_banner(data.lake_warnings),
         _banner(data.exactly_once_violations),
         "<h2>Headline</h2>",
         _cards(headline),

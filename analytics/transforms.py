@@ -150,6 +150,11 @@ def conform(df: DataFrame, schema: StructType) -> DataFrame:
     return df.select(*columns)
 
 
+def drop_duplicate_rows(df: DataFrame, keys: list[str]) -> DataFrame:
+    """One row per ``keys`` (a row's identity): a copy of a row read twice counts once."""
+    return df.dropDuplicates(keys)
+
+
 def with_event_date(df: DataFrame, timestamp: str) -> DataFrame:
     """Adds ``event_date``: the UTC date of ``timestamp`` (the lake's partition rule)."""
     return df.withColumn("event_date", F.to_date(F.col(timestamp)))

@@ -92,6 +92,9 @@ def audit_command(
     master: Annotated[
         str | None, typer.Option("--master", help="Spark master (default local[*]).")
     ] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 1 when the lake has any warning.")
+    ] = False,
 ) -> None:
     """The Spark audit over --from..--to: daily summary, rankings, suspects, report.html."""
     from pyspark.sql import SparkSession
@@ -100,7 +103,7 @@ def audit_command(
     from rich.table import Table
 
     from analytics.charts import percent
-    from analytics.jobs.daily_audit import run_audit
+    from analytics.jobs.daily_audit import describe, run_audit
     from analytics.session import build_session
 
     first, last = _day(start, "--from"), _day(end, "--to")
@@ -150,6 +153,10 @@ def audit_command(
     console.print(f"report: {result.report}")
     if headline["exactly_once_violations"]:
         console.print("[bold red]exactly-once violations found: see the report's banner[/]")
+    for warning in result.warnings:
+        console.print(describe(warning), style="bold yellow", markup=False, highlight=False)
+    if strict and result.warnings:
+        raise typer.Exit(1)
 
 
 @lake.command("synth")

@@ -7,7 +7,10 @@
 metrics use all of its events whatever their date; only rows dated within --from..--to
 (inclusive) are written. Outputs in --out: ``<table>.csv`` (one file with a header) and a
 ``<table>/`` Parquet folder for daily_summary, terminal_ranking, suspected_double_charges,
-exactly_once_violations, network_rates and daily_trend, plus ``report.html``.
+exactly_once_violations, network_rates and daily_trend, plus ``report.html`` and
+``lake_warnings.csv`` (what is wrong with the lake: ``analytics.lake_health``; with
+``--strict`` any warning makes the exit status 1). CSV text cells that a spreadsheet would
+run as a formula are prefixed with ``'``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -26,12 +28,18 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `analytics` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
-from analytics import report, schemas, transforms  # noqa: E402
+from analytics import lake_health, report, schemas, transforms  # noqa: E402
+from analytics.lake_health import LakeHealth  # noqa: E402
 from analytics.session import build_session  # noqa: E402
 
+FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
+UNIQUE = {  # a row's identity in the database; a second copy in the lake is dropped
+    "request_events": ["event_id"],
+    "transactions": ["merchant_id", "transaction_id"],
+    "ledger_entries": ["entry_id"],
+}
 OUTPUTS = [
     "daily_summary",
     "terminal_ranking",
@@ -48,35 +56,42 @@ class AuditResult:
     report: Path
     headline: dict[str, Any]
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
 
-def parquet_files_by_schema(root: Path) -> list[list[str]]:
-    """The table's Parquet files (hidden temporaries skipped), grouped by file schema."""
-    groups: dict[str, list[str]] = defaultdict(list)
-    for found in sorted(root.rglob("*.parquet")):
-        if any(part.startswith((".", "_")) for part in found.relative_to(root).parts):
-            continue
-        schema = pq.read_schema(found)
-        groups[schema.remove_metadata().to_string()].append(str(found))
-    return list(groups.values())
+def read_table(spark: SparkSession, lake: str, table: str, health: LakeHealth) -> DataFrame:
+    """A lake table conformed to its schema, duplicate rows dropped; empty (with the
+    schema) when it has no files.
 
-
-def read_table(spark: SparkSession, lake: str, table: str) -> DataFrame:
-    """A lake table conformed to its schema; empty (with the schema) when it has no files.
-
-    On a local lake, files are read in groups of one physical schema and each group is
-    conformed on its own, so a lake written by other tools (nanosecond or naive timestamps,
-    64-bit integers, all-null columns) still reads. event_date comes from the timestamps.
+    Only ``event_date=YYYY-MM-DD`` partitions are read (a stray ``event_date=D.bak/`` is
+    reported, not read). On a local lake, files are read in groups of one physical schema
+    and each group is conformed on its own, so a lake written by other tools (nanosecond or
+    naive timestamps, 64-bit integers, all-null columns) still reads; manifests are checked
+    and missing contract columns reported. event_date comes from the timestamps.
     """
     schema = schemas.TABLES[table]
     path = f"{lake.rstrip('/')}/{table}"
     if "://" in lake:
-        return transforms.conform(spark.read.parquet(path), schema)
-    groups = parquet_files_by_schema(Path(path))
-    if not groups:
-        return spark.createDataFrame([], schema)
-    frames = [transforms.conform(spark.read.parquet(*files), schema) for files in groups]
-    return reduce(DataFrame.unionByName, frames)
+        df = transforms.conform(spark.read.parquet(f"{path}/event_date=*-*-*"), schema)
+    else:
+        groups = lake_health.data_files(Path(path), table, schema.fieldNames(), health)
+        if not groups:
+            return spark.createDataFrame([], schema)
+        frames = [
+            transforms.conform(spark.read.parquet(*files), schema) for files in groups.values()
+        ]
+        df = reduce(DataFrame.unionByName, frames)
+    unique = transforms.drop_duplicate_rows(df, UNIQUE[table]).cache()
+    duplicates = df.count() - unique.count()
+    if duplicates:
+        key = ", ".join(UNIQUE[table])
+        health.add("duplicates", table, None, f"{duplicates} rows repeat a ({key}): dropped")
+    return unique
+
+
+def _per_day(df: DataFrame, *, start: date, end: date) -> dict[str, int]:
+    rows = transforms.in_range(df, start=start, end=end).groupBy("event_date").count().collect()
+    return {row["event_date"].isoformat(): int(row["count"]) for row in rows}
 
 
 def _plain(value: Any) -> Any:
@@ -87,21 +102,40 @@ def collect(df: DataFrame) -> list[dict[str, Any]]:
     return [{k: _plain(v) for k, v in row.asDict().items()} for row in df.collect()]
 
 
+def spreadsheet_safe(value: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula (it starts with = + - @, a tab or
+    a carriage return: OWASP's CSV-injection rule) gets a leading ``'``, so it shows as the
+    text it is. Numbers are left alone; the Parquet outputs keep every value as it is."""
+    if isinstance(value, str) and value.startswith(FORMULA_TRIGGERS):
+        return "'" + value
+    return value
+
+
 def write_csv(path: Path, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
-            writer.writerow(["" if row[c] is None else row[c] for c in columns])
+            writer.writerow(["" if row[c] is None else spreadsheet_safe(row[c]) for c in columns])
     tmp.replace(path)
 
 
-def audit_tables(spark: SparkSession, *, lake: str, start: date, end: date) -> dict[str, DataFrame]:
-    """Every output table of the audit, as DataFrames (nothing is computed yet)."""
-    events = transforms.with_event_date(read_table(spark, lake, "request_events"), "ts").cache()
-    transactions = read_table(spark, lake, "transactions").cache()
-    ledger = read_table(spark, lake, "ledger_entries")
+def audit_tables(
+    spark: SparkSession, *, lake: str, start: date, end: date, health: LakeHealth | None = None
+) -> dict[str, DataFrame]:
+    """Every output table of the audit, as DataFrames; what is wrong with the lake goes
+    to ``health``."""
+    health = health if health is not None else LakeHealth()
+    raw_events = read_table(spark, lake, "request_events", health)
+    events = transforms.with_event_date(raw_events, "ts").cache()
+    transactions = read_table(spark, lake, "transactions", health).cache()
+    ledger = read_table(spark, lake, "ledger_entries", health)
+    lake_health.days_without_events(
+        _per_day(transforms.with_event_date(transactions, "created_at"), start=start, end=end),
+        _per_day(events, start=start, end=end),
+        health,
+    )
     keys = transforms.key_facts(events).cache()
     suspects = transforms.suspected_double_charges(transactions).cache()
     violations = transforms.exactly_once_violations(transactions, ledger).cache()
@@ -135,7 +169,8 @@ def run_audit(
         raise ValueError("--to is before --from")
     out.mkdir(parents=True, exist_ok=True)
     on_stage("reading the lake")
-    tables = audit_tables(spark, lake=lake, start=start, end=end)
+    health = LakeHealth()
+    tables = audit_tables(spark, lake=lake, start=start, end=end, health=health)
     rows: dict[str, list[dict[str, Any]]] = {}
     for name in OUTPUTS:
         on_stage(f"computing {name}")
@@ -143,11 +178,19 @@ def run_audit(
         rows[name] = collect(df)
         write_csv(out / f"{name}.csv", df.columns, rows[name])
         df.coalesce(1).write.mode("overwrite").parquet(str(out / name))
+    write_csv(out / "lake_warnings.csv", lake_health.COLUMNS, health.warnings)
     on_stage("rendering report.html")
-    audit = report.AuditData(start=start, end=end, **rows)
+    audit = report.AuditData(start=start, end=end, lake_warnings=health.warnings, **rows)
     html_path = out / "report.html"
     html_path.write_text(report.render(audit), encoding="utf-8")
-    return AuditResult(out=out, report=html_path, headline=audit.headline(), rows=rows)
+    return AuditResult(
+        out=out, report=html_path, headline=audit.headline(), rows=rows, warnings=health.warnings
+    )
+
+
+def describe(warning: dict[str, Any]) -> str:
+    where = f"{warning['table']}/event_date={warning['event_date']}"
+    return f"lake warning [{warning['kind']}] {where}: {warning['detail']}"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -157,6 +200,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lake", required=True, help="lake root (request_events/, …)")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when the lake has any warning"
+    )
     return parser.parse_args(argv)
 
 
@@ -167,10 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_audit(spark, lake=args.lake, out=args.out, start=args.start, end=args.end)
     finally:
         spark.stop()
+    for warning in result.warnings:
+        sys.stdout.write(describe(warning) + "\n")
     for name, value in result.headline.items():
         sys.stdout.write(f"{name}: {value}\n")
     sys.stdout.write(f"report: {result.report}\n")
-    return 0
+    return 1 if args.strict and result.warnings else 0
 
 
 if __name__ == "__main__":
