@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,6 +30,7 @@ from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
 from api.storage_errors import storage_unavailable
 from api.transactions.http import MAX_BODY_BYTES
+from api.transactions.inline import InlineWriter
 from api.transactions.issuer import SimulatedIssuer
 from api.transactions.openapi import add_component_schemas
 from api.transactions.router import router as transactions_router
@@ -88,6 +90,22 @@ def create_redis(settings: Settings) -> Any | None:
     return aioredis.Redis(connection_pool=pool)
 
 
+def inline_writer(settings: Settings, engine: AsyncEngine) -> InlineWriter | None:
+    """The one-write create's storage (api/transactions/inline.py): a prepared statement on
+    the engine's asyncpg connections, or SQLite's group-commit writer thread (not for
+    ``:memory:``)."""
+    if not settings.is_sqlite:
+        from api.transactions.pg_create import PgInline
+
+        return PgInline(engine)
+    path = settings.resolved_database_url.split("///", 1)[1]
+    if not path or path == ":memory:":
+        return None
+    from api.transactions.sqlite_create import SqliteInline
+
+    return SqliteInline(path)
+
+
 def build_context(settings: Settings) -> AppContext:
     engine = create_engine(settings)
     issuer = SimulatedIssuer(engine, slow_seconds=settings.issuer_slow_seconds)
@@ -102,7 +120,9 @@ def build_context(settings: Settings) -> AppContext:
     return AppContext(
         settings=settings,
         engine=engine,
-        service=TransactionService(engine, issuer, settings, cache=cache),
+        service=TransactionService(
+            engine, issuer, settings, cache=cache, inline=inline_writer(settings, engine)
+        ),
         auth=Authenticator(engine),
         limiter=RateLimiter(
             per_key=settings.rate_limit,
@@ -165,6 +185,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await ctx.events.close(events)  # finishes the flush under way, then drains
             if ctx.redis is not None:
                 await ctx.redis.aclose()
+            if ctx.service.inline is not None:
+                await ctx.service.inline.close()
             await ctx.engine.dispose()
 
     app = FastAPI(

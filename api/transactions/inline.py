@@ -1,0 +1,99 @@
+"""The one-write create: phases 1–3 of an inline token as ONE write to the database.
+
+For a token the co-located issuer simulator answers at once (``answers_inline``), a create
+is the issuer's record, the key row (inserted already ``completed`` with its stored
+response), the transaction, its ledger entry and the outbox event — all or nothing. The
+general path (``TransactionService._process_inline``) spends 8 round trips on that on
+Postgres (read the key, BEGIN, five INSERTs, COMMIT) and 28 thread hops on SQLite. Here:
+
+- Postgres (``pg_create.py``): one data-modifying-CTE statement, prepared, in autocommit —
+  one statement is one transaction, ``synchronous_commit`` stays on;
+- SQLite (``sqlite_create.py``): one writer thread with group commit — each create in its
+  own SAVEPOINT, one ``synchronous=FULL`` COMMIT per batch, every answer given only after
+  its batch's COMMIT returned.
+
+The key insert decides (``ON CONFLICT DO NOTHING``): on a conflict nothing is written and
+the same write hands back the existing key row, from which the general path answers (replay,
+409, 410, 422). No read comes first: a fresh key and a replay each cost one write. A
+request whose times need judging (clock skew, expiry, age) never comes here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from api.idempotency.store import KeyRecord
+from api.outbox import writer as outbox
+from api.transactions import repository
+from api.transactions.issuer import SimulatedIssuer
+from api.transactions.schemas import TransactionCreate
+
+if TYPE_CHECKING:
+    from api.transactions.service import TransactionService
+
+
+class StorageUnavailableError(ConnectionError):
+    """The database could not take the write now (connection lost, refused, disk full):
+    answered 503, and nothing was acknowledged — a retry with the same key is safe."""
+
+
+@dataclass(frozen=True, slots=True)
+class InlineCreate:
+    """Every row of one inline create, built before the write."""
+
+    txn: repository.NewTransaction
+    fingerprint: str
+    response_body: str
+    issuer_key: str
+    ledger: dict[str, Any] | None  # approved only
+    event: dict[str, Any]
+
+
+class InlineWriter(Protocol):
+    async def create(self, rows: InlineCreate) -> KeyRecord | bool:
+        """True: written, durable. A ``KeyRecord``: nothing written, the key exists — this
+        is its row. False: nothing written, nothing known (a duplicate that committed just
+        now, or a write the general path must make): the caller reads the key and decides."""
+
+    async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
+        """The key row, read without taking any write lock."""
+
+    async def close(self) -> None:
+        """Finish what was accepted, then release connections and threads."""
+
+
+def build(
+    service: TransactionService,
+    merchant_id: str,
+    key: str,
+    body: TransactionCreate,
+    fingerprint: str,
+    now: datetime,
+) -> InlineCreate:
+    issuer = service.issuer
+    assert isinstance(issuer, SimulatedIssuer)  # only the co-located simulator can enlist
+    issuer_key = service.issuer_key(merchant_id, key)
+    auth = issuer.decide(issuer_key, body.card.token)
+    txn = service.new_transaction(merchant_id, key, body, auth, created_at=now)
+    ledger = None
+    if txn.status == "approved":
+        kind, signed = repository._ledger_amount(txn.type, txn.amount)
+        ledger = {"entry_id": str(uuid.uuid4()), "amount": signed, "kind": kind}
+    event = outbox.new_event(
+        merchant_id=merchant_id,
+        event_type=outbox.COMPLETED,
+        transaction_id=key,
+        data=repository.body_of(txn),
+        now=txn.processed_at,
+    )
+    return InlineCreate(
+        txn=txn,
+        fingerprint=fingerprint,
+        response_body=repository.render(txn),
+        issuer_key=issuer_key,
+        ledger=ledger,
+        event=event,
+    )

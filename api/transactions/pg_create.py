@@ -1,0 +1,121 @@
+"""The one-write create on Postgres: one data-modifying-CTE statement per create.
+
+An asyncpg prepared statement, run on the driver connection of a connection from the
+engine's own pool (one pool, one connection budget: ``IDEMPAY_DB_POOL_SIZE``), in
+autocommit: the statement is its own transaction, committed with ``synchronous_commit`` on
+before ``fetchval`` returns. ``k`` inserts the key row
+(``ON CONFLICT DO NOTHING``); every other insert selects ``FROM k`` (or from ``t``), so a
+key that exists writes nothing at all, and a concurrent duplicate waits on the unique index
+for the first one's commit and then writes nothing (SPEC §3.2). Any error rolls the whole
+statement back (SPEC §3.1). The same statement returns the existing key row as its snapshot
+saw it (never our own insert: a CTE's writes are invisible to the rest of the statement), so
+a replay costs one round trip too; a duplicate that committed after the snapshot is not in
+it, and the caller reads the row afterwards.
+
+The key reads of the hot path (replay, lookup, abort, reversal) use the same pool: one
+prepared ``SELECT`` in autocommit, no BEGIN/ROLLBACK, no SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from api.db import utcnow
+from api.idempotency.store import KeyRecord
+from api.transactions.inline import InlineCreate, StorageUnavailableError
+
+CREATE = """
+WITH k AS (
+  INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token,
+    terminal_id, response_status, response_body, created_at, updated_at)
+  VALUES ($1, $2, 'completed', $3, 1, $4, 201, $5, $6, $6)
+  ON CONFLICT DO NOTHING RETURNING key
+), i AS (
+  INSERT INTO issuer_authorization (issuer_key, result, decline_reason, authorization_code,
+    amount, currency, calls, created_at)
+  SELECT $7, $8, $9, $10, $11, $12, 1, $24 FROM k
+), t AS (
+  INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,
+    card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,
+    captured_at, created_at, processed_at, metadata)
+  SELECT $1, $2, $4, $13, $11, $12, $14, $15, $16, $17, $8, $9, $10, $18, $6, $19, $20 FROM k
+  RETURNING id
+), l AS (
+  INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,
+    created_at)
+  SELECT $21, $1, t.id, $22, $12, $23, $19 FROM t WHERE $21::varchar IS NOT NULL
+), o AS (
+  INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at)
+  SELECT $25, $1, $26, t.id, $27, $19 FROM t
+)
+SELECT (SELECT count(*) FROM k), r.merchant_id, r.key, r.state, r.fingerprint, r.lease_token,
+  r.lease_until, r.request, r.response_status, r.response_body, r.terminal_id, r.created_at,
+  r.deadline_at
+FROM (SELECT 1) AS one
+LEFT JOIN idempotency_key AS r ON r.merchant_id = $1 AND r.key = $2
+"""
+
+READ_KEY = """
+SELECT merchant_id, key, state, fingerprint, lease_token, lease_until, request,
+  response_status, response_body, terminal_id, created_at, deadline_at
+FROM idempotency_key WHERE merchant_id = $1 AND key = $2
+"""
+
+# "The database cannot serve us now" (class 08 connection, 53 resources, 57 operator
+# intervention, a connection closed under us): 503, retry-safe. Statement errors stay 500.
+_UNAVAILABLE = (
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InsufficientResourcesError,
+    asyncpg.OperatorInterventionError,
+)
+
+
+class PgInline:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def _call(self, method: str, statement: str, *args: Any) -> Any:
+        try:
+            pooled = await self._engine.raw_connection()
+        except Exception as exc:  # pool timeout, connect refused: SQLAlchemy's own errors
+            raise StorageUnavailableError(type(exc).__name__) from exc
+        try:
+            return await getattr(pooled.driver_connection, method)(statement, *args)
+        except _UNAVAILABLE as exc:
+            pooled.invalidate(exc)  # never hand a broken connection back to the pool
+            raise StorageUnavailableError(type(exc).__name__) from exc
+        finally:
+            pooled.close()  # back to the pool: autocommit left no transaction to roll back
+
+    async def create(self, rows: InlineCreate) -> KeyRecord | bool:
+        txn, ledger, event = rows.txn, rows.ledger or {}, rows.event
+        try:
+            row = await self._call(
+                "fetchrow",
+                CREATE,
+                txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id, rows.response_body,
+                txn.created_at, rows.issuer_key, txn.status, txn.decline_reason,
+                txn.authorization_code, txn.amount, txn.currency, txn.type, txn.card_last4,
+                txn.card_brand, txn.card_fingerprint, txn.installments, txn.captured_at,
+                txn.processed_at, txn.metadata_json, ledger.get("entry_id"),
+                ledger.get("amount"), ledger.get("kind"), utcnow(), event["event_id"],
+                event["type"], event["payload"],
+            )  # fmt: skip
+        except asyncpg.UniqueViolationError:
+            # Not the key (its conflict writes nothing): an issuer record left by a purged
+            # tombstone's void. The general path answers from the simulator's record.
+            return False
+        if row[0]:
+            return True
+        return KeyRecord(*row[1:]) if row[1] is not None else False
+
+    async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
+        row = await self._call("fetchrow", READ_KEY, merchant_id, key)
+        return KeyRecord(*row) if row is not None else None
+
+    async def close(self) -> None:
+        """Nothing of its own: the engine's pool is disposed with the engine."""

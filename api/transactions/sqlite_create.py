@@ -1,0 +1,256 @@
+"""The one-write create on the embedded SQLite: one writer thread with group commit.
+
+Requests put their rows on a queue; one thread with its own ``sqlite3`` connection (WAL,
+``synchronous=FULL``, as ``api/db.py`` sets up) takes everything queued (up to
+``MAX_BATCH``), runs ``BEGIN IMMEDIATE``, each create inside its own SAVEPOINT (the key
+insert decides; a failing statement rolls back that create only), one ``COMMIT`` — one
+fsync for the batch — and only then answers the batch. No answer before its commit is
+durable; a failed BEGIN or COMMIT answers the whole batch with the error (nothing of it was
+acknowledged, nothing of it stays).
+
+Key reads go to a second thread with a read-only connection (``query_only``, autocommit):
+under WAL a reader sees the last commit and takes no lock, so replays and lookups no longer
+queue behind writers for ``BEGIN IMMEDIATE``. Other writers (claims, aborts, reversals, the
+completer, request events) keep their ``BEGIN IMMEDIATE`` on SQLAlchemy's connections and
+queue with this thread on the database lock (``busy_timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from api.idempotency.store import KeyRecord
+from api.transactions.inline import InlineCreate, StorageUnavailableError
+
+MAX_BATCH = 256
+_KEY = (
+    "INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token, terminal_id,"
+    " response_status, response_body, created_at, updated_at)"
+    " VALUES (?, ?, 'completed', ?, 1, ?, 201, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_ISSUER = (
+    "INSERT INTO issuer_authorization (issuer_key, result, decline_reason, authorization_code,"
+    " amount, currency, calls, created_at) VALUES (?, ?, ?, ?, ?, ?, 1, ?)"
+)
+_TXN = (
+    'INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,'
+    " card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,"
+    " captured_at, created_at, processed_at, metadata)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_LEDGER = (
+    "INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,"
+    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_OUTBOX = (
+    "INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+_READ_KEY = (
+    "SELECT merchant_id, key, state, fingerprint, lease_token, lease_until, request,"
+    " response_status, response_body, terminal_id, created_at, deadline_at"
+    " FROM idempotency_key WHERE merchant_id = ? AND key = ?"
+)
+_STOP = object()
+Statements = list[tuple[str, tuple[Any, ...]]]
+
+
+def stored(moment: datetime | None) -> str | None:
+    """A datetime as SQLAlchemy's SQLite dialect stores it (UTC, naive, microseconds)."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _loaded(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def _maybe(text: str | None) -> datetime | None:
+    return None if text is None else _loaded(text)
+
+
+def statements(rows: InlineCreate) -> Statements:
+    """The key insert first (it decides), then the rest of the create."""
+    txn, event, created = rows.txn, rows.event, stored(rows.txn.created_at)
+    processed = stored(txn.processed_at)
+    out: Statements = [
+        (_KEY, (txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id,
+                rows.response_body, created, created)),
+        (_ISSUER, (rows.issuer_key, txn.status, txn.decline_reason, txn.authorization_code,
+                   txn.amount, txn.currency, created)),
+        (_TXN, (txn.merchant_id, txn.id, txn.terminal_id, txn.type, txn.amount, txn.currency,
+                txn.card_last4, txn.card_brand, txn.card_fingerprint, txn.installments,
+                txn.status, txn.decline_reason, txn.authorization_code,
+                stored(txn.captured_at), created, processed, txn.metadata_json)),
+    ]  # fmt: skip
+    if rows.ledger is not None:
+        ledger = rows.ledger
+        out.append((_LEDGER, (ledger["entry_id"], txn.merchant_id, txn.id, ledger["amount"],
+                              txn.currency, ledger["kind"], processed)))  # fmt: skip
+    out.append((_OUTBOX, (event["event_id"], txn.merchant_id, event["type"], txn.id,
+                          event["payload"], processed)))  # fmt: skip
+    return out
+
+
+def connect(path: str, *, read_only: bool = False) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("PRAGMA busy_timeout=30000")
+    db.execute("PRAGMA foreign_keys=ON")
+    if read_only:
+        db.execute("PRAGMA query_only=ON")
+    return db
+
+
+def _apply(db: sqlite3.Connection, work: Statements) -> Any:
+    """One create inside its own savepoint: True written; else the existing key row (read
+    under the write lock, so it is the latest commit); or the error that undid it."""
+    db.execute("SAVEPOINT one_create")
+    try:
+        (key_sql, key_params), *rest = work
+        if db.execute(key_sql, key_params).rowcount != 1:
+            db.execute("RELEASE one_create")
+            return db.execute(_READ_KEY, key_params[:2]).fetchone()
+        for sql, params in rest:
+            db.execute(sql, params)
+    except sqlite3.Error as exc:
+        db.execute("ROLLBACK TO one_create")
+        db.execute("RELEASE one_create")
+        return exc
+    db.execute("RELEASE one_create")
+    return True
+
+
+class _Worker:
+    """A thread that runs batches of queued jobs on one connection and answers each job's
+    future on its event loop once ``run_batch`` returned."""
+
+    def __init__(
+        self,
+        name: str,
+        opener: Callable[[], sqlite3.Connection],
+        run_batch: Callable[[sqlite3.Connection, list[Any]], list[Any]],
+    ) -> None:
+        self._opener = opener
+        self._run_batch = run_batch
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.batches = 0
+        self.jobs = 0
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    async def submit(self, job: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put((job, loop, future))
+        result = await future
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _loop(self) -> None:
+        db: sqlite3.Connection | None = None
+        while True:
+            batch = [self._queue.get()]
+            while batch[-1] is not _STOP and len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = batch[-1] is _STOP
+            jobs = batch[:-1] if stop else batch
+            if jobs:
+                try:
+                    db = db or self._opener()
+                    results = self._run_batch(db, [job for job, _loop, _future in jobs])
+                except sqlite3.OperationalError as exc:  # cannot open, disk full, locked
+                    results = [StorageUnavailableError(str(exc))] * len(jobs)
+                except Exception as exc:
+                    results = [exc] * len(jobs)
+                self.batches += 1
+                self.jobs += len(jobs)
+                _answer(jobs, results)
+            if stop:
+                if db is not None:
+                    db.close()
+                return
+
+    async def close(self) -> None:
+        self._queue.put(_STOP)
+        await asyncio.to_thread(self._thread.join, 30)
+
+
+def _answer(jobs: list[Any], results: list[Any]) -> None:
+    """One wake-up per event loop for the whole batch."""
+    by_loop: dict[Any, list[tuple[Any, Any]]] = {}
+    for (_job, loop, future), result in zip(jobs, results, strict=True):
+        by_loop.setdefault(loop, []).append((future, result))
+    for loop, answers in by_loop.items():
+        loop.call_soon_threadsafe(_resolve, answers)
+
+
+def _resolve(answers: list[tuple[Any, Any]]) -> None:
+    for future, result in answers:
+        if not future.done():  # the request was cancelled: its write stands or not, as done
+            future.set_result(result)
+
+
+def _write_batch(db: sqlite3.Connection, jobs: list[Statements]) -> list[Any]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        results = [_apply(db, work) for work in jobs]
+        db.execute("COMMIT")  # synchronous=FULL: durable before anyone is answered
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return results
+
+
+def _read_batch(db: sqlite3.Connection, jobs: list[tuple[str, str]]) -> list[Any]:
+    return [db.execute(_READ_KEY, job).fetchone() for job in jobs]
+
+
+class SqliteInline:
+    def __init__(self, path: str) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.writer = _Worker("idempay-sqlite-writer", lambda: connect(path), _write_batch)
+        self.reader = _Worker(
+            "idempay-sqlite-reader", lambda: connect(path, read_only=True), _read_batch
+        )
+
+    async def create(self, rows: InlineCreate) -> KeyRecord | bool:
+        try:
+            result = await self.writer.submit(statements(rows))
+        except sqlite3.IntegrityError:  # e.g. an issuer record left by a purged tombstone's
+            return False  # void: the general path decides (and reports a real error)
+        except sqlite3.OperationalError as exc:  # disk full, I/O error, locked too long
+            raise StorageUnavailableError(str(exc)) from exc
+        return True if result is True else _record(result) or False
+
+    async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
+        return _record(await self.reader.submit((merchant_id, key)))
+
+    async def close(self) -> None:
+        await self.writer.close()
+        await self.reader.close()
+
+
+def _record(row: tuple[Any, ...] | None) -> KeyRecord | None:
+    if row is None:
+        return None
+    (merchant, key, state, fingerprint, token, lease_until, request, status, body, terminal,
+     created_at, deadline_at) = row  # fmt: skip
+    return KeyRecord(
+        merchant, key, state, fingerprint, token, _maybe(lease_until), request, status, body,
+        terminal, _loaded(created_at), _maybe(deadline_at),
+    )  # fmt: skip

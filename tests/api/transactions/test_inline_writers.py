@@ -1,0 +1,187 @@
+"""The one-write create (api/transactions/inline.py) in-process, on a real database of each
+backend: duplicates racing on the statement, a failing statement, SQLite's group commit and
+its lock-free reads."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from api.context import AppContext
+from api.db import utcnow
+from api.idempotency.keys import body_fingerprint
+from api.main import build_context
+from api.transactions import inline, resolution
+from api.transactions.schemas import TransactionCreate
+from api.transactions.sqlite_create import SqliteInline
+from tests.support.backend import Backend
+from tests.support.client import body, card
+
+TABLES = {
+    "idempotency_key": "key",
+    "transaction": "id",
+    "ledger_entry": "transaction_id",
+    "outbox_event": "transaction_id",
+}
+
+
+@pytest.fixture
+async def ctx(private_backend: Backend) -> AsyncIterator[AppContext]:
+    settings = private_backend.settings.model_copy(update={"db_pool_size": 4})  # shared PG
+    context = build_context(settings)
+    assert context.service.inline is not None
+    try:
+        yield context
+    finally:
+        await context.service.inline.close()
+        await context.engine.dispose()
+
+
+async def _sql(backend: Backend, statement: str, **params: object) -> list[Any]:
+    return await asyncio.to_thread(backend.sql, statement, **params)  # it runs its own loop
+
+
+async def _rows(backend: Backend, key: str) -> dict[str, int]:
+    counts = {}
+    for table, col in TABLES.items():
+        rows = await _sql(backend, f'SELECT count(*) FROM "{table}" WHERE {col} = :k', k=key)
+        counts[table] = int(rows[0][0])
+    return counts
+
+
+def _request(**overrides: object) -> tuple[TransactionCreate, str]:
+    request = TransactionCreate.model_validate(body(terminal_id="T-INLINE", **overrides))
+    return request, body_fingerprint(request)
+
+
+async def test_concurrent_duplicates_on_the_one_write_path_execute_once(
+    private_backend: Backend, ctx: AppContext
+) -> None:
+    key = str(uuid.uuid4())
+    request, fingerprint = _request()
+    outcomes = await asyncio.gather(
+        *(ctx.service.create("m-dup", key, request, fingerprint) for _ in range(20))
+    )
+    events = Counter(outcome.event for outcome in outcomes)
+    assert events == {"created": 1, "replayed": 19}
+    assert {outcome.body for outcome in outcomes} == {outcomes[0].body}  # one answer, replayed
+    assert await _rows(private_backend, key) == dict.fromkeys(TABLES, 1)
+
+
+async def test_a_different_body_on_a_taken_key_is_refused_and_writes_nothing(
+    private_backend: Backend, ctx: AppContext
+) -> None:
+    key = str(uuid.uuid4())
+    first, first_fp = _request()
+    other, other_fp = _request(amount=999)
+    assert (await ctx.service.create("m-reuse", key, first, first_fp)).status == 201
+    refused = await ctx.service.create("m-reuse", key, other, other_fp)
+    assert (refused.status, refused.event) == (422, "key_reused")
+    assert await _rows(private_backend, key) == dict.fromkeys(TABLES, 1)
+
+
+async def test_a_declined_create_writes_no_ledger_entry(
+    private_backend: Backend, ctx: AppContext
+) -> None:
+    key = str(uuid.uuid4())
+    request, fingerprint = _request(card=card("tok_decline_do_not_honor"))
+    outcome = await ctx.service.create("m-decline", key, request, fingerprint)
+    assert outcome.status == 201 and b'"declined"' in outcome.body
+    assert await _rows(private_backend, key) == {**dict.fromkeys(TABLES, 1), "ledger_entry": 0}
+
+
+async def _install_failure(backend: Backend, key: str) -> None:
+    """The outbox insert of this one key fails, after every other insert of its create."""
+    if backend.name == "postgres":
+        await _sql(
+            backend,
+            "CREATE FUNCTION fail_one() RETURNS trigger LANGUAGE plpgsql AS "
+            "'BEGIN RAISE EXCEPTION ''injected''; END'",
+        )
+        await _sql(
+            backend,
+            "CREATE TRIGGER fail_one BEFORE INSERT ON outbox_event FOR EACH ROW "
+            f"WHEN (NEW.transaction_id = '{key}') EXECUTE FUNCTION fail_one()",
+        )
+    else:
+        await _sql(
+            backend,
+            "CREATE TRIGGER fail_one BEFORE INSERT ON outbox_event "
+            f"WHEN NEW.transaction_id = '{key}' BEGIN SELECT RAISE(ABORT, 'injected'); END",
+        )
+
+
+async def test_a_failing_statement_leaves_nothing_and_spares_its_batch(
+    private_backend: Backend, ctx: AppContext
+) -> None:
+    """One create's last insert fails: nothing of it stays; the creates committed beside it
+    (on SQLite, in the same group commit) are whole."""
+    assert ctx.service.inline is not None
+    keys = [str(uuid.uuid4()) for _ in range(30)]
+    doomed = keys[7]
+    await _install_failure(private_backend, doomed)
+    request, fingerprint = _request()
+    now = utcnow()
+    rows = [inline.build(ctx.service, "m-fail", key, request, fingerprint, now) for key in keys]
+    results = await asyncio.gather(
+        *(ctx.service.inline.create(row) for row in rows), return_exceptions=True
+    )
+    for key, result in zip(keys, results, strict=True):
+        if key == doomed:  # SQLite hands it to the general path (None); Postgres raises
+            assert result is False or isinstance(result, Exception)
+            assert await _rows(private_backend, key) == dict.fromkeys(TABLES, 0)
+        else:
+            assert result is True
+            assert await _rows(private_backend, key) == dict.fromkeys(TABLES, 1)
+    issuer = (await _sql(private_backend, "SELECT count(*) FROM issuer_authorization"))[0][0]
+    assert issuer == len(keys) - 1
+
+
+async def test_sqlite_group_commit_answers_each_create_after_its_batch(
+    sqlite_path_backend: Backend, ctx: AppContext
+) -> None:
+    writer = ctx.service.inline
+    assert isinstance(writer, SqliteInline)
+    request, fingerprint = _request()
+    keys = [str(uuid.uuid4()) for _ in range(200)]
+    outcomes = await asyncio.gather(
+        *(ctx.service.create("m-group", key, request, fingerprint) for key in keys)
+    )
+    assert all(outcome.event == "created" for outcome in outcomes)
+    assert writer.writer.jobs >= len(keys)
+    assert writer.writer.batches < writer.writer.jobs  # many creates per commit
+    rows = await _sql(sqlite_path_backend, 'SELECT count(*) FROM "transaction"')
+    assert rows[0][0] == len(keys)
+
+
+async def test_sqlite_reads_do_not_wait_for_the_write_lock(
+    sqlite_path_backend: Backend, ctx: AppContext
+) -> None:
+    """A writer holds the database lock; a lookup's key read still answers at once."""
+    key = str(uuid.uuid4())
+    request, fingerprint = _request()
+    assert (await ctx.service.create("m-lock", key, request, fingerprint)).status == 201
+    path = ctx.settings.resolved_database_url.split("///", 1)[1]
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        record = await asyncio.wait_for(ctx.service.read("m-lock", key), timeout=2)
+        found = await asyncio.wait_for(resolution.lookup(ctx.service, "m-lock", key), timeout=2)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert record is not None and record.state == "completed"
+    assert (found.status, found.event) == (200, "found")
+
+
+@pytest.fixture
+def sqlite_path_backend(private_backend: Backend) -> Backend:
+    if private_backend.name != "sqlite":
+        pytest.skip("SQLite's writer thread")
+    return private_backend
