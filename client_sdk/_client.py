@@ -281,8 +281,12 @@ class AsyncClient(BaseClient):
         return await self._run(self._recovery())
 
     async def close(self) -> None:
-        await self._http.aclose()
-        self._close_journal()
+        try:
+            await self._http.aclose()
+        except RuntimeError:  # connections left on an event loop that is already closed
+            pass
+        finally:
+            self._close_journal()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fake_idempay import API_KEY, CARD, FakeIdempay
 
-from client_sdk import Client, JournalState, PaymentAborted, PaymentInDoubt
+from client_sdk import AsyncClient, Client, JournalState, PaymentAborted, PaymentInDoubt
 from loadtest.chaos_proxy import ChaosProxy
 
 
@@ -127,3 +127,29 @@ def test_payments_over_a_lossy_link_are_processed_exactly_once(
     lookups = [s for s in fake.seen if s.endpoint == "lookup"]
     attempts = {s.headers["idempotency-attempt"] for s in fake.seen if s.endpoint == "create"}
     assert lookups and attempts > {"1"}  # in-doubt lookups and resends did happen
+
+
+def test_an_async_client_reused_on_a_second_event_loop_never_raises_raw(
+    served: tuple[FakeIdempay, int], tmp_path: Path
+) -> None:
+    """Issue 24 item 3: the pooled connection belongs to the first (closed) loop; the
+    create left and was approved, then ``RuntimeError: Event loop is closed`` reached the
+    app. It is in doubt like a lost answer, and the lookup resolves it."""
+    fake, port = served
+    pos = AsyncClient(
+        f"http://127.0.0.1:{port}",
+        API_KEY,
+        terminal_id="T-LOOPS",
+        journal=tmp_path / "pos.db",
+        timeout=2.0,
+        abort_grace_s=1.0,
+    )
+
+    async def buy(amount: int) -> str:
+        result = await pos.purchase(amount=amount, currency="BRL", card=CARD, deadline_s=5)
+        return result.status
+
+    assert asyncio.run(buy(100)) == "approved"
+    assert asyncio.run(buy(200)) == "approved"  # on a new loop
+    asyncio.run(pos.close())
+    assert sorted(fake.processed.values()) == [1, 1]
