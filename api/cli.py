@@ -35,11 +35,34 @@ def _prepare_multiprocess_metrics() -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
 
 
+# What the default worker count may spend of Postgres' connections (its default
+# max_connections is 100; the rest is for the completer, the relay, migrations and psql).
+DEFAULT_CONNECTION_BUDGET = 90
+
+
+def default_workers(settings: Settings) -> int:
+    """One worker per usable core on Postgres, as many as ``DEFAULT_CONNECTION_BUDGET``
+    allows at ``IDEMPAY_DB_POOL_SIZE`` each; one on the embedded SQLite, whose single
+    database file has one writer: the group-commit writer thread batches within a process,
+    and a second process would only queue on the same write lock."""
+    if settings.is_sqlite:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, DEFAULT_CONNECTION_BUDGET // settings.db_pool_size))
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
-    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="uvicorn worker processes (default: one per core on Postgres, within 90"
+            " connections at IDEMPAY_DB_POOL_SIZE each; 1 on the embedded SQLite).",
+        ),
+    ] = None,
     migrate_first: Annotated[bool, typer.Option("--migrate/--no-migrate")] = True,
 ) -> None:
     """Run the API (applies pending migrations first)."""
@@ -50,6 +73,7 @@ def serve(
     settings = Settings()
     if migrate_first:
         migrate(settings)
+    workers = workers or default_workers(settings)
     if workers > 1:
         _prepare_multiprocess_metrics()
     uvicorn.run(

@@ -27,6 +27,9 @@ PEER_PAIRS = (
     ("p99 create ÷ p99 plain", "create", "plain", "p99_ms"),
     ("p99 idemkit ÷ p99 plain", "idemkit", "plain", "p99_ms"),
     ("p99 SQLite create ÷ p99 plain", "create-sqlite", "plain", "p99_ms"),
+    ("create, 2 workers ÷ create", "create-2w", "create", "rate"),  # goal 5: a second worker
+    ("create, 2 workers ÷ plain", "create-2w", "plain", "rate"),
+    ("p99 create, 2 workers ÷ p99 plain", "create-2w", "plain", "p99_ms"),
 )
 
 

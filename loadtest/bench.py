@@ -16,8 +16,10 @@ mean anything here; absolute figures move with the machine's other load.
 Issue 13's comparison servers run in the same rounds with the same client
 (``loadtest/_bench_peers.py``): ``plain`` (FastAPI, pydantic body + one Redis INCR),
 ``idemkit`` (the same app behind idemkit's Idempotency-Key middleware on Redis) — both on a
-private Redis database (``--peers-redis``) — and ``create-sqlite`` (idempay's create on the
-embedded SQLite default). Goals 1–4 of the issue are printed met/missed on paired ratios.
+private Redis database (``--peers-redis``) — ``create-sqlite`` (idempay's create on the
+embedded SQLite default) and ``create-2w`` (idempay's create on Postgres served by two
+workers with half the pool each: what a second worker adds, goal 5). Goals 1–4 of the issue
+are printed met/missed on paired ratios.
 ``--quick`` (~1 minute): 3 rounds × 2.5 s, a 500-key pool, no pgbench, no idempay+Redis.
 
 Exit status 1 when any scenario has more than 0.5 % errors (any unexpected status).
@@ -70,7 +72,9 @@ from loadtest._bench_report import (
 from loadtest._bench_waits import WaitSampler
 
 REDIS_SCENARIOS = ("replay+redis", "lookup+redis")
-PEER_SCENARIOS = ("plain", "idemkit", "create-sqlite")
+PEER_SCENARIOS = ("plain", "idemkit", "create-sqlite", "create-2w")
+# The second-worker server (goal 5) gets half the pool per worker: the same connection budget.
+DEFAULT_DB_POOL = 30
 ALL_SCENARIOS = (*SCENARIOS, *REDIS_SCENARIOS, *PEER_SCENARIOS)
 
 
@@ -198,6 +202,12 @@ class Bench:
             self.database,
             self.workdir / "server-sqlite.log",
             env={"IDEMPAY_DATABASE_URL": peers.sqlite_url(path)},
+        )
+        self.peers["create-2w"] = Server(  # idempay's create, Postgres, two workers
+            self.database,
+            self.workdir / "server-2w.log",
+            workers=2,
+            env={"IDEMPAY_DB_POOL_SIZE": str(DEFAULT_DB_POOL // 2)},
         )
         for server in self.peers.values():
             server.start()
