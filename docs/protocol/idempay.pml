@@ -691,9 +691,9 @@ inline next_action() {
 #else
        if
 #ifndef MUTANT_RECOVER_RESENDS
-       :: rec ->                                  /* recover(): the server does not know
+       :: booted ->                               /* recover(): the server does not know
                                                      the key; fence it, never sell */
-            phase = ABORT;
+            phase = ABORT; to_abort = 1;          /* the abort goes out next */
             if
             :: j_state != J_IN_DOUBT -> jwrite(J_IN_DOUBT)
             :: else
@@ -726,7 +726,9 @@ active proctype Terminal()
 {
   mtype phase = CREATE;
   byte code, e, w;
-  bool maybe_sent, free_pass, sent, booted, finished, rec, jlost;
+  bool maybe_sent, free_pass, sent, finished, jlost, to_abort;
+  bool booted;                            /* in recover(): after a reboot, or after
+                                             PaymentInDoubt (the entry waits for it) */
 
   atomic {
     configure();
@@ -772,7 +774,7 @@ active proctype Terminal()
 #endif
               fi;
 #endif
-              rec = 1; free_pass = 1; maybe_sent = (j_state != J_PENDING);
+              free_pass = 1; maybe_sent = (j_state != J_PENDING);
               if
 #ifndef MUTANT_RECOVER_RESENDS
               :: j_state == J_PENDING ->  /* never sent: fence it with abort, never send */
@@ -855,7 +857,9 @@ loop:
        fi;
        if
        :: finished -> goto end_done
-       :: !finished && phase == ABORT ->  /* 409 / no reply: retry within abort_grace_s */
+       :: to_abort -> to_abort = 0        /* recover() has not sent its abort yet */
+       :: !finished && !to_abort && phase == ABORT ->
+                                          /* 409 / no reply: retry within abort_grace_s */
             if
             :: true
             :: !maybe_sent ->             /* grace over, never sent: PaymentAborted(not_sent) */
@@ -865,7 +869,7 @@ loop:
 #ifdef MUTANT_NO_RECOVER
                  goto end_done            /* nobody ever calls recover() */
 #endif
-                 d_step { phase = LOOKUP; free_pass = 1; rec = 1 }
+                 d_step { phase = LOOKUP; free_pass = 1; booted = 1 }
             fi
        :: else
        fi;
@@ -900,7 +904,7 @@ loop:
 #endif
          booted = 1;                      /* the next boot runs recover() */
          t_crash = 0; t_cur = NEP; mbox = R_NONE; phase = CREATE; code = R_NONE; e = 0;
-         maybe_sent = 0; free_pass = 0; sent = 0; w = W_NONE; rec = 0; jlost = 0
+         maybe_sent = 0; free_pass = 0; sent = 0; w = W_NONE; jlost = 0; to_abort = 0
        }
      }
   od;
