@@ -195,10 +195,11 @@ def merge(table: str, database: pa.Table, lake: pa.Table | None) -> tuple[pa.Tab
 async def _partition_lock(
     lake: Path, table: str, day: date, on_wait: Callable[[str], None]
 ) -> AsyncIterator[None]:
-    """An exclusive lock of (table, day) in the lake: ``LAKE/<table>/.event_date=D.lock``."""
-    folder = Path(lake) / table
+    """An exclusive lock of (table, day) in the lake: ``LAKE/.locks/<table>.event_date=D``
+    (beside the tables, so no reader of a table ever sees it)."""
+    folder = Path(lake) / ".locks"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f".event_date={day.isoformat()}.lock"
+    path = folder / f"{table}.event_date={day.isoformat()}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
