@@ -138,8 +138,14 @@ def test_recover_in_another_process_leaves_a_payment_in_flight_to_its_driver(
             if request.method == "POST" and not recovering:  # A's create is journaled
                 recovering.append(
                     subprocess.run(
-                        [sys.executable, str(TERMINAL), "recover", str(proxy_url(proxy)),
-                         merchant.api_key, str(journal)],  # fmt: skip
+                        [
+                            sys.executable,
+                            str(TERMINAL),
+                            "recover",
+                            str(proxy_url(proxy)),
+                            merchant.api_key,
+                            str(journal),
+                        ],  # fmt: skip
                         capture_output=True,
                         text=True,
                         timeout=60,
