@@ -63,6 +63,11 @@ def _check_number(name: str, value: float, *, low: float, high: float, low_ok: b
         raise ValueError(f"{name} must be a finite number {bound} {low} and ≤ {high}: {value!r}")
 
 
+def check_deadline(deadline_s: float) -> None:
+    """A payment's deadline: finite, positive and sane, checked before anything happens."""
+    _check_number("deadline_s", deadline_s, low=0.0, high=MAX_DEADLINE_S, low_ok=False)
+
+
 def send_kwargs(effect: Send) -> dict[str, Any]:
     return {"headers": dict(effect.headers), "content": effect.content, "timeout": effect.timeout}
 
@@ -102,6 +107,7 @@ class BaseClient:
         self._owns_journal = not isinstance(journal, Journal)
         self.journal = journal if isinstance(journal, Journal) else Journal(journal)
         self.clock_offset_s: float | None = None  # server clock − ours, from Date headers
+        self._clock_asked = False  # the server was asked its time once (before a payment)
         self._ctx = Context(
             headers=headers,
             timeout=timeout,
@@ -154,7 +160,7 @@ class BaseClient:
         reverse_late_approval: bool,
     ) -> tuple[str, Steps[Transaction]]:
         """Mint the key once and build the steps; nothing is written or sent yet."""
-        _check_number("deadline_s", deadline_s, low=0.0, high=MAX_DEADLINE_S, low_ok=False)
+        check_deadline(deadline_s)
         server_started = self._server_clock()
         server_now = datetime.fromtimestamp(server_started, UTC)
         expires = server_now + timedelta(seconds=deadline_s) if self.send_expires_at else None

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 import httpx
 
-from ._base_client import BaseClient, no_reply, reply_from, send_kwargs
+from ._base_client import BaseClient, check_deadline, no_reply, reply_from, send_kwargs
 from ._calls import abort, lookup, reverse
 from ._effects import Reply, Send, Sleep, Steps
 from ._journal import Journal
@@ -25,6 +25,8 @@ from ._models import Card, Fenced, Processing, Recovered, Transaction
 __all__ = ["AsyncClient", "Client"]
 
 _T = TypeVar("_T")
+CLOCK_SYNC_PATH = "/healthz"
+CLOCK_SYNC_TIMEOUT_S = 2.0  # a slower answer says too little about the server's clock
 CardLike = Card | Mapping[str, str]
 
 
@@ -81,6 +83,8 @@ class Client(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
+        check_deadline(deadline_s)
+        self._learn_clock()
         _, steps = self._payment(
             "purchase",
             amount=amount,
@@ -106,6 +110,8 @@ class Client(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
+        check_deadline(deadline_s)
+        self._learn_clock()
         _, steps = self._payment(
             "refund",
             amount=amount,
@@ -165,6 +171,22 @@ class Client(BaseClient):
                     reply = self._journal_effect(effect)
             except Exception as exc:
                 failure = exc
+
+    def _learn_clock(self) -> None:
+        """Before this client's first payment, ask the server its time (``GET /healthz``,
+        one quick round trip), so that even the first key's UUIDv7 time and
+        ``captured_at`` are on the server's clock: a terminal booting with its clock far
+        off would otherwise be refused (422 clock_skew, 410 request_expired). Best effort:
+        when the server cannot be reached the payment goes ahead on the device clock."""
+        if self._clock_asked:
+            return
+        sent_at = self._ctx.clock()
+        try:
+            response = self._http.get(CLOCK_SYNC_PATH, timeout=CLOCK_SYNC_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - nothing was sent that matters: no payment yet
+            return
+        self._clock_asked = True
+        self._observe_clock(response, sent_at)
 
     def _send(self, effect: Send) -> Reply:
         sent_at = self._ctx.clock()
@@ -229,6 +251,8 @@ class AsyncClient(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
+        check_deadline(deadline_s)
+        await self._learn_clock()
         _, steps = self._payment(
             "purchase",
             amount=amount,
@@ -254,6 +278,8 @@ class AsyncClient(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
+        check_deadline(deadline_s)
+        await self._learn_clock()
         _, steps = self._payment(
             "refund",
             amount=amount,
@@ -317,6 +343,22 @@ class AsyncClient(BaseClient):
                     reply = await asyncio.to_thread(self._journal_effect, effect)
             except Exception as exc:
                 failure = exc
+
+    async def _learn_clock(self) -> None:
+        """Before this client's first payment, ask the server its time (``GET /healthz``,
+        one quick round trip), so that even the first key's UUIDv7 time and
+        ``captured_at`` are on the server's clock: a terminal booting with its clock far
+        off would otherwise be refused (422 clock_skew, 410 request_expired). Best effort:
+        when the server cannot be reached the payment goes ahead on the device clock."""
+        if self._clock_asked:
+            return
+        sent_at = self._ctx.clock()
+        try:
+            response = await self._http.get(CLOCK_SYNC_PATH, timeout=CLOCK_SYNC_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - nothing was sent that matters: no payment yet
+            return
+        self._clock_asked = True
+        self._observe_clock(response, sent_at)
 
     async def _send(self, effect: Send) -> Reply:
         sent_at = self._ctx.clock()

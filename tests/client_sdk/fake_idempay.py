@@ -58,6 +58,10 @@ class FakeIdempay:
         return [s for s in self.seen if s.endpoint == endpoint]
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":  # the client's clock sync, not part of a payment
+            if self.down or self.blackhole:
+                raise httpx.ConnectError("fake: server unreachable", request=request)
+            return _json(200, {"status": "ok"})
         endpoint = _endpoint(request)
         body = json.loads(request.content) if request.content else None
         call = Seen(
