@@ -32,6 +32,7 @@ from api.storage_errors import storage_unavailable
 from api.transactions.http import MAX_BODY_BYTES
 from api.transactions.inline import InlineWriter
 from api.transactions.issuer import SimulatedIssuer
+from api.transactions.lean import CreateRoute
 from api.transactions.openapi import add_component_schemas
 from api.transactions.router import router as transactions_router
 from api.transactions.service import TransactionService
@@ -196,6 +197,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     # Outermost last: the request id is bound first, so a 408 carries X-Request-Id too.
+    app.add_middleware(CreateRoute)  # innermost: the create's lean route (lean.py)
     app.add_middleware(BodyDeadlineMiddleware, timeout=settings.body_timeout, limit=MAX_BODY_BYTES)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(ops_router)

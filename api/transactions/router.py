@@ -118,13 +118,19 @@ async def create_transaction(
     idempotency_attempt: AttemptHeader = None,
     pos_network: NetworkHeader = None,
 ) -> Response:
+    """What OpenAPI documents; requests are served by ``handle_create`` through
+    ``CreateRoute`` (api/transactions/lean.py), which reads the same headers itself."""
+    return await handle_create(request)
+
+
+async def handle_create(request: Request) -> Response:
     call = _Call(request, "create")
 
     async def work() -> Outcome:
         ctx = call.ctx
         call.merchant_id, key_hash = await ctx.auth.authenticate(request)
         await ctx.limiter.check(key_hash)
-        call.key = parse_key(idempotency_key)
+        call.key = parse_key(request.headers.get("idempotency-key"))
         body = decode(await read_body(request))
         await ctx.limiter.check(key_hash, body.terminal_id)
         digest = body_fingerprint(body)
