@@ -52,6 +52,32 @@ class InlineCreate:
     event: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class StoredTransaction:
+    """A transaction row as a lookup renders it (``repository.render``)."""
+
+    id: str
+    status: str
+    decline_reason: str | None
+    authorization_code: str | None
+    terminal_id: str
+    type: str
+    amount: int
+    currency: str
+    card_last4: str
+    card_brand: str
+    installments: int
+    created_at: datetime
+    processed_at: datetime
+    reversed_at: datetime | None
+
+
+TRANSACTION_COLUMNS = (
+    "id, status, decline_reason, authorization_code, terminal_id, type, amount, currency,"
+    " card_last4, card_brand, installments, created_at, processed_at, reversed_at"
+)
+
+
 class InlineWriter(Protocol):
     async def create(self, rows: InlineCreate) -> KeyRecord | bool:
         """True: written, durable. A ``KeyRecord``: nothing written, the key exists — this
@@ -60,6 +86,9 @@ class InlineWriter(Protocol):
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
         """The key row, read without taking any write lock."""
+
+    async def read_transaction(self, merchant_id: str, key: str) -> StoredTransaction | None:
+        """The transaction row as committed now (a lookup's body), likewise."""
 
     async def close(self) -> None:
         """Finish what was accepted, then release connections and threads."""

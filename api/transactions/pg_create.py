@@ -25,7 +25,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.db import utcnow
 from api.idempotency.store import KeyRecord
-from api.transactions.inline import InlineCreate, StorageUnavailableError
+from api.transactions.inline import (
+    TRANSACTION_COLUMNS,
+    InlineCreate,
+    StorageUnavailableError,
+    StoredTransaction,
+)
 
 CREATE = """
 WITH k AS (
@@ -63,6 +68,10 @@ SELECT merchant_id, key, state, fingerprint, lease_token, lease_until, request,
   response_status, response_body, terminal_id, created_at, deadline_at
 FROM idempotency_key WHERE merchant_id = $1 AND key = $2
 """
+
+READ_TRANSACTION = (
+    f'SELECT {TRANSACTION_COLUMNS} FROM "transaction" WHERE merchant_id = $1 AND id = $2'
+)
 
 # "The database cannot serve us now" (class 08 connection, 53 resources, 57 operator
 # intervention, a connection closed under us): 503, retry-safe. Statement errors stay 500.
@@ -116,6 +125,10 @@ class PgInline:
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
         row = await self._call("fetchrow", READ_KEY, merchant_id, key)
         return KeyRecord(*row) if row is not None else None
+
+    async def read_transaction(self, merchant_id: str, key: str) -> StoredTransaction | None:
+        row = await self._call("fetchrow", READ_TRANSACTION, merchant_id, key)
+        return StoredTransaction(*row) if row is not None else None
 
     async def close(self) -> None:
         """Nothing of its own: the engine's pool is disposed with the engine."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import datetime, timedelta
+from typing import Any
 
 from api.db import atomic, utcnow
 from api.errors import ApiError
@@ -20,8 +21,12 @@ ABORTED_DETAIL = "The key was fenced by an abort; it was not and will not be pro
 
 async def _current(service: TransactionService, record: KeyRecord) -> tuple[bytes, bool]:
     """The transaction body as the database has it now, and whether it is reversed."""
-    async with service.reader.connect() as conn:
-        txn = await repository.get(conn, record.merchant_id, record.key)
+    txn: Any
+    if service.inline is not None:  # one prepared SELECT, no lock (api/transactions/inline.py)
+        txn = await service.inline.read_transaction(record.merchant_id, record.key)
+    else:
+        async with service.reader.connect() as conn:
+            txn = await repository.get(conn, record.merchant_id, record.key)
     if txn is None:  # completed keys always have their transaction (one commit)
         raise RuntimeError("completed key without transaction")
     return repository.render(txn).encode(), txn.status == "reversed"

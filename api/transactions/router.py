@@ -156,9 +156,10 @@ def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:
     return handler
 
 
+handle_lookup = _by_id("lookup", resolution.lookup)  # also served by lean.CreateRoute
 router.add_api_route(
     "/{transaction_id}",
-    _by_id("lookup", resolution.lookup),
+    handle_lookup,
     methods=["GET"],
     openapi_extra=ID_DOC,
     responses=responses("lookup"),

@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from api.idempotency.store import KeyRecord
-from api.transactions.inline import InlineCreate, StorageUnavailableError
+from api.transactions.inline import (
+    TRANSACTION_COLUMNS,
+    InlineCreate,
+    StorageUnavailableError,
+    StoredTransaction,
+)
 
 MAX_BATCH = 256
 _KEY = (
@@ -57,6 +62,9 @@ _READ_KEY = (
     "SELECT merchant_id, key, state, fingerprint, lease_token, lease_until, request,"
     " response_status, response_body, terminal_id, created_at, deadline_at"
     " FROM idempotency_key WHERE merchant_id = ? AND key = ?"
+)
+_READ_TRANSACTION = (
+    f'SELECT {TRANSACTION_COLUMNS} FROM "transaction" WHERE merchant_id = ? AND id = ?'
 )
 _STOP = object()
 Statements = list[tuple[str, tuple[Any, ...]]]
@@ -216,8 +224,8 @@ def _write_batch(db: sqlite3.Connection, jobs: list[Statements]) -> list[Any]:
     return results
 
 
-def _read_batch(db: sqlite3.Connection, jobs: list[tuple[str, str]]) -> list[Any]:
-    return [db.execute(_READ_KEY, job).fetchone() for job in jobs]
+def _read_batch(db: sqlite3.Connection, jobs: list[tuple[str, tuple[str, str]]]) -> list[Any]:
+    return [db.execute(sql, params).fetchone() for sql, params in jobs]
 
 
 class SqliteInline:
@@ -238,7 +246,18 @@ class SqliteInline:
         return True if result is True else _record(result) or False
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
-        return _record(await self.reader.submit((merchant_id, key)))
+        return _record(await self.reader.submit((_READ_KEY, (merchant_id, key))))
+
+    async def read_transaction(self, merchant_id: str, key: str) -> StoredTransaction | None:
+        row = await self.reader.submit((_READ_TRANSACTION, (merchant_id, key)))
+        if row is None:
+            return None
+        (id_, status, reason, code, terminal, type_, amount, currency, last4, brand,
+         installments, created_at, processed_at, reversed_at) = row  # fmt: skip
+        return StoredTransaction(
+            id_, status, reason, code, terminal, type_, amount, currency, last4, brand,
+            installments, _loaded(created_at), _loaded(processed_at), _maybe(reversed_at),
+        )  # fmt: skip
 
     async def close(self) -> None:
         await self.writer.close()

@@ -185,3 +185,16 @@ def sqlite_path_backend(private_backend: Backend) -> Backend:
     if private_backend.name != "sqlite":
         pytest.skip("SQLite's writer thread")
     return private_backend
+
+
+async def test_lookup_renders_the_transaction_as_committed_now(ctx: AppContext) -> None:
+    """The lookup's prepared read gives the create's own bytes, then the reversal's."""
+    key = str(uuid.uuid4())
+    request, fingerprint = _request()
+    created = await ctx.service.create("m-look", key, request, fingerprint)
+    found = await resolution.lookup(ctx.service, "m-look", key)
+    assert (found.status, found.body) == (200, created.body)
+    reversed_ = await resolution.reverse(ctx.service, "m-look", key)
+    again = await resolution.lookup(ctx.service, "m-look", key)
+    assert again.body == reversed_.body and b'"status":"reversed"' in again.body
+    assert b'"reversed_at":null' not in again.body

@@ -1,4 +1,4 @@
-"""The create's lean route (api/transactions/lean.py): it serves POST /v1/transactions, and
+"""The lean routes (api/transactions/lean.py): they serve the create and the lookup, and
 the OpenAPI document still describes the create with its headers."""
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ def test_the_lean_route_answers_like_the_contract(backend: Backend) -> None:
         replayed = api.create(key)
         assert replayed.headers["idempotent-replayed"] == "true"
         assert replayed.content == created.content
+        found = api.lookup(key)  # the lookup's lean route
+        assert found.status_code == 200 and found.content == created.content
+        assert found.headers["idempotency-status"] == "processed"
+        assert_problem(api.lookup(new_key()), 404, "not_found")
         assert_problem(api.create(None), 400, "idempotency_key_missing")
         assert_problem(api.create(key, api_key="wrong"), 401, "unauthorized")
     finally:
