@@ -1,7 +1,8 @@
-"""The daily summary's metrics in DuckDB SQL: a single-node reference for the benchmark and
-an independent second implementation of SPEC §5 (the benchmark compares the two engines'
-answers row by row). Same definitions as ``analytics.transforms``; quantile_cont is the
-same linear interpolation as Spark's exact ``percentile``.
+"""SPEC §5 in DuckDB SQL: daily_summary, terminal_ranking and network_rates, a single-node
+reference for the benchmark and an independent second implementation of the contract (the
+benchmark compares the two engines' answers row by row, and the analytics tests hold both
+to the same hand-computed values). quantile_cont is the same linear interpolation as
+Spark's exact ``percentile``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ WITH first_lookup AS (
     CAST(min(e.ts) AS DATE) AS event_date,
     bool_or(endpoint = 'create' AND outcome = 'created') AS is_transaction,
     count(*) FILTER (WHERE endpoint = 'create' AND outcome <> 'key_reused') AS attempts,
+    count(*) FILTER (WHERE endpoint = 'create' AND outcome <> 'key_reused'
+                     AND attempt IS NOT NULL) AS numbered,
+    max(attempt) FILTER (WHERE endpoint = 'create' AND outcome <> 'key_reused') AS highest,
+    struct_extract(min({{'ts': e.ts, 'v': terminal_id}}) FILTER (WHERE terminal_id IS NOT NULL),
+                   'v') AS terminal_id,
+    struct_extract(min({{'ts': e.ts, 'v': network}})
+                   FILTER (WHERE endpoint = 'create' AND network IS NOT NULL), 'v') AS network,
     count(*) FILTER (WHERE endpoint = 'lookup') AS lookups,
     min(e.ts) FILTER (WHERE endpoint = 'create') AS first_create,
     min(e.ts) FILTER (WHERE outcome IN {resolving} AND e.ts >= fl) AS resolved,
@@ -45,7 +53,11 @@ WITH first_lookup AS (
   FROM ev e JOIN first_lookup USING (merchant_id, idempotency_key)
   GROUP BY e.merchant_id, e.idempotency_key
 )
-SELECT *, is_transaction AND attempts >= 2 AS is_retried,
+SELECT * REPLACE (coalesce(network, 'unknown') AS network),
+  is_transaction AND (attempts >= 2 OR coalesce(highest, 0) >= 2) AS is_retried,
+  CASE WHEN is_transaction THEN numbered ELSE 0 END AS received_attempts,
+  CASE WHEN is_transaction THEN greatest(coalesce(highest, 0) - numbered, 0) ELSE 0 END
+    AS unseen_attempts,
   is_transaction AND lookups >= 1 AS is_in_doubt,
   CASE WHEN is_transaction AND lookups >= 1
     THEN (epoch_us(resolved) - epoch_us(first_create)) / 1e6 END AS resolution_s
@@ -94,6 +106,7 @@ WITH e AS (
   SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id,
     count(*) FILTER (WHERE is_transaction) AS transactions,
     count(*) FILTER (WHERE is_retried) AS retried_transactions,
+    sum(unseen_attempts) AS unseen, sum(received_attempts) AS received,
     count(*) FILTER (WHERE is_in_doubt) AS in_doubt_transactions,
     count(*) FILTER (WHERE aborted) AS aborted,
     count(*) FILTER (WHERE expired) AS expired,
@@ -116,6 +129,8 @@ SELECT event_date, merchant_id,
   coalesce(create_requests, 0) AS create_requests,
   coalesce(retried_transactions, 0) AS retried_transactions,
   coalesce(retried_transactions / nullif(transactions, 0), 0.0) AS retry_rate,
+  CAST(coalesce(unseen, 0) AS BIGINT) AS unseen_attempts,
+  coalesce(unseen / nullif(unseen + received, 0), 0.0) AS link_loss_rate,
   coalesce(duplicate_requests, 0) AS duplicate_requests,
   coalesce(duplicate_requests / nullif(create_requests, 0), 0.0) AS duplicate_rate,
   coalesce(in_doubt_transactions, 0) AS in_doubt_transactions,
@@ -137,22 +152,87 @@ WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
 ORDER BY event_date, merchant_id = 'ALL', merchant_id
 """
 
+TERMINAL_RANKING = """
+WITH t AS (
+  SELECT event_date, merchant_id, terminal_id, count(*) AS transactions,
+    count(*) FILTER (WHERE is_retried) AS retried_transactions
+  FROM keys WHERE is_transaction GROUP BY ALL
+)
+SELECT *, retried_transactions / transactions AS retry_rate,
+  row_number() OVER (PARTITION BY event_date, merchant_id
+    ORDER BY retry_rate DESC, retried_transactions DESC, transactions DESC,
+             terminal_id ASC NULLS LAST) AS rank
+FROM t
+WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
+ORDER BY event_date, merchant_id, rank
+"""
 
-def daily_summary(lake: Path, *, start: date, end: date, threads: int) -> list[dict[str, Any]]:
-    """The daily summary's rows (dates as ISO strings), computed by DuckDB."""
+NETWORK_RATES = """
+WITH e AS (
+  SELECT event_date, coalesce(network, 'unknown') AS network,
+    count(*) FILTER (WHERE endpoint = 'create') AS create_requests,
+    count(*) FILTER (WHERE endpoint = 'create' AND outcome IN ('replayed', 'in_progress'))
+      AS duplicate_requests,
+    count(*) FILTER (WHERE endpoint = 'lookup' AND outcome = 'found') AS found,
+    count(*) FILTER (WHERE endpoint = 'lookup' AND outcome IN ('found', 'not_found')) AS answered
+  FROM ev GROUP BY ALL
+), k AS (
+  SELECT event_date, network, count(*) AS transactions,
+    count(*) FILTER (WHERE is_retried) AS retried_transactions,
+    count(*) FILTER (WHERE is_in_doubt) AS in_doubt_transactions,
+    sum(unseen_attempts) AS unseen, sum(received_attempts) AS received
+  FROM keys WHERE is_transaction GROUP BY ALL
+)
+SELECT event_date, network,
+  coalesce(transactions, 0) AS transactions,
+  coalesce(create_requests, 0) AS create_requests,
+  coalesce(retried_transactions, 0) AS retried_transactions,
+  coalesce(retried_transactions / nullif(transactions, 0), 0.0) AS retry_rate,
+  coalesce(duplicate_requests, 0) AS duplicate_requests,
+  coalesce(duplicate_requests / nullif(create_requests, 0), 0.0) AS duplicate_rate,
+  coalesce(in_doubt_transactions, 0) AS in_doubt_transactions,
+  coalesce(in_doubt_transactions / nullif(transactions, 0), 0.0) AS in_doubt_rate,
+  coalesce(found / nullif(answered, 0), 0.0) AS lookup_found_rate,
+  CAST(coalesce(unseen, 0) AS BIGINT) AS unseen_attempts,
+  coalesce(unseen / nullif(unseen + received, 0), 0.0) AS link_loss_rate
+FROM e FULL JOIN k USING (event_date, network)
+WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
+ORDER BY event_date, network
+"""
+
+OUTPUTS = {
+    "daily_summary": SUMMARY,
+    "terminal_ranking": TERMINAL_RANKING,
+    "network_rates": NETWORK_RATES,
+}
+Rows = list[dict[str, Any]]
+
+
+def _fetch(conn: duckdb.DuckDBPyConnection, query: str) -> Rows:
+    cursor = conn.execute(query)
+    columns = [d[0] for d in cursor.description]
+    return [
+        {
+            c: (v.isoformat() if isinstance(v, date) else v)
+            for c, v in zip(columns, row, strict=True)
+        }
+        for row in cursor.fetchall()
+    ]
+
+
+def audit(lake: Path, *, start: date, end: date, threads: int) -> dict[str, Rows]:
+    """daily_summary, terminal_ranking and network_rates (dates as ISO strings), by DuckDB."""
     conn = duckdb.connect()
     try:
         conn.execute(f"SET threads = {int(threads)}")
         conn.execute("SET TimeZone = 'UTC'")
         conn.execute(SQL.format(lake=Path(lake).as_posix(), resolving=RESOLVING, part=PART))
-        cursor = conn.execute(SUMMARY.format(start=start.isoformat(), end=end.isoformat()))
-        columns = [d[0] for d in cursor.description]
-        return [
-            {
-                c: (v.isoformat() if isinstance(v, date) else v)
-                for c, v in zip(columns, row, strict=True)
-            }
-            for row in cursor.fetchall()
-        ]
+        bounds = {"start": start.isoformat(), "end": end.isoformat()}
+        return {name: _fetch(conn, query.format(**bounds)) for name, query in OUTPUTS.items()}
     finally:
         conn.close()
+
+
+def daily_summary(lake: Path, *, start: date, end: date, threads: int) -> Rows:
+    """The daily summary's rows (dates as ISO strings), computed by DuckDB."""
+    return audit(lake, start=start, end=end, threads=threads)["daily_summary"]

@@ -14,6 +14,8 @@ METRIC_COLUMNS = [
     "create_requests",
     "retried_transactions",
     "retry_rate",
+    "unseen_attempts",
+    "link_loss_rate",
     "duplicate_requests",
     "duplicate_rate",
     "in_doubt_transactions",
@@ -38,6 +40,7 @@ COUNT_COLUMNS = [
     "transactions",
     "create_requests",
     "retried_transactions",
+    "unseen_attempts",
     "duplicate_requests",
     "in_doubt_transactions",
     "key_reused",
@@ -47,7 +50,13 @@ COUNT_COLUMNS = [
     "suspected_double_charges",
     "exactly_once_violations",
 ]
-RATE_COLUMNS = ["retry_rate", "duplicate_rate", "in_doubt_rate", "lookup_found_rate"]
+RATE_COLUMNS = [
+    "retry_rate",
+    "link_loss_rate",
+    "duplicate_rate",
+    "in_doubt_rate",
+    "lookup_found_rate",
+]
 
 RANKING_COLUMNS = [
     "event_date",
@@ -92,6 +101,23 @@ NETWORK_COLUMNS = [
     "in_doubt_transactions",
     "in_doubt_rate",
     "lookup_found_rate",
+    "unseen_attempts",
+    "link_loss_rate",
+]
+
+# Extra output (not in SPEC): link loss per terminal, the report's top-terminals table and
+# its by-network chart over the range are sums of these rows. received_attempts: the
+# create events (other than key_reused) carrying an ``attempt`` of the terminal's
+# transaction keys; network: the key's network, as network_rates attributes it.
+LINK_LOSS_COLUMNS = [
+    "event_date",
+    "merchant_id",
+    "terminal_id",
+    "network",
+    "transactions",
+    "received_attempts",
+    "unseen_attempts",
+    "link_loss_rate",
 ]
 
 TREND_COLUMNS = [
@@ -99,6 +125,7 @@ TREND_COLUMNS = [
     "transactions",
     "create_requests",
     "retry_rate",
+    "link_loss_rate",
     "duplicate_rate",
     "in_doubt_rate",
     "lookup_found_rate",

@@ -23,6 +23,7 @@ HEADLINE_COUNTS = [
     "transactions",
     "create_requests",
     "retried_transactions",
+    "unseen_attempts",
     "duplicate_requests",
     "in_doubt_transactions",
     "key_reused",
@@ -38,6 +39,10 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else 0.0
 
 
+def _link_loss(unseen: float, received: float) -> float:
+    return _ratio(unseen, unseen + received)
+
+
 @dataclass
 class AuditData:
     """The audit's tables as plain rows (dates as ISO strings), ready to render."""
@@ -49,6 +54,7 @@ class AuditData:
     suspected_double_charges: Rows = field(default_factory=list)
     exactly_once_violations: Rows = field(default_factory=list)
     network_rates: Rows = field(default_factory=list)
+    terminal_link_loss: Rows = field(default_factory=list)
     daily_trend: Rows = field(default_factory=list)
     lake_warnings: Rows = field(default_factory=list)
 
@@ -59,8 +65,11 @@ class AuditData:
     def headline(self) -> dict[str, Any]:
         """Totals over the range, rates recomputed from the totals."""
         totals = {name: sum(r[name] for r in self.fleet_days) for name in HEADLINE_COUNTS}
+        received = sum(r["received_attempts"] for r in self.terminal_link_loss)
+        unseen = totals["unseen_attempts"]
         rates = {
             "retry_rate": _ratio(totals["retried_transactions"], totals["transactions"]),
+            "link_loss_rate": _ratio(unseen, unseen + received),
             "duplicate_rate": _ratio(totals["duplicate_requests"], totals["create_requests"]),
             "in_doubt_rate": _ratio(totals["in_doubt_transactions"], totals["transactions"]),
         }
@@ -79,6 +88,9 @@ class AuditData:
         for row in self.network_rates:
             for name in counts:
                 sums[row["network"]][name] += row[name]
+        for row in self.terminal_link_loss:
+            sums[row["network"]]["unseen_attempts"] += row["unseen_attempts"]
+            sums[row["network"]]["received_attempts"] += row["received_attempts"]
         return [
             {
                 "network": network,
@@ -86,6 +98,8 @@ class AuditData:
                 "retry_rate": _ratio(s["retried_transactions"], s["transactions"]),
                 "duplicate_rate": _ratio(s["duplicate_requests"], s["create_requests"]),
                 "in_doubt_rate": _ratio(s["in_doubt_transactions"], s["transactions"]),
+                "unseen_attempts": int(s["unseen_attempts"]),
+                "link_loss_rate": _link_loss(s["unseen_attempts"], s["received_attempts"]),
             }
             for network, s in sorted(sums.items())
             if s["transactions"] or s["create_requests"]
@@ -97,18 +111,43 @@ class AuditData:
             total = sums[(row["merchant_id"], row["terminal_id"] or "")]
             total[0] += row["transactions"]
             total[1] += row["retried_transactions"]
+        terminals: Rows = [
+            {
+                "merchant_id": merchant,
+                "terminal_id": terminal,
+                "transactions": t,
+                "retried_transactions": r,
+                "retry_rate": _ratio(r, t),
+            }
+            for (merchant, terminal), (t, r) in sums.items()
+        ]
+        terminals.sort(
+            key=lambda row: (-row["retry_rate"], -row["retried_transactions"], row["terminal_id"])
+        )
+        return terminals[:TOP_TERMINALS]
+
+    def lossiest_terminals(self) -> Rows:
+        """Terminals by link loss over the range: attempts they sent that never arrived."""
+        sums: dict[tuple[str, str], dict[str, Any]] = {}
+        for row in self.terminal_link_loss:
+            key = (row["merchant_id"], row["terminal_id"] or "")
+            total = sums.setdefault(key, {"networks": set(), "received": 0, "unseen": 0})
+            total["networks"].add(row["network"])
+            total["received"] += row["received_attempts"]
+            total["unseen"] += row["unseen_attempts"]
         ranked = sorted(
             (
                 {
                     "merchant_id": merchant,
                     "terminal_id": terminal,
-                    "transactions": t,
-                    "retried_transactions": r,
-                    "retry_rate": _ratio(r, t),
+                    "network": ", ".join(sorted(t["networks"])),
+                    "received_attempts": t["received"],
+                    "unseen_attempts": t["unseen"],
+                    "link_loss_rate": _link_loss(t["unseen"], t["received"]),
                 }
-                for (merchant, terminal), (t, r) in sums.items()
+                for (merchant, terminal), t in sums.items()
             ),
-            key=lambda row: (-row["retry_rate"], -row["retried_transactions"], row["terminal_id"]),
+            key=lambda r: (-r["link_loss_rate"], -r["unseen_attempts"], r["terminal_id"]),
         )
         return ranked[:TOP_TERMINALS]
 
@@ -202,6 +241,7 @@ def _cards(headline: dict[str, Any]) -> str:
         ("transactions", "transactions", "num"),
         ("create_requests", "create requests", "num"),
         ("retry_rate", "retry rate", "rate"),
+        ("link_loss_rate", "link loss rate", "rate"),
         ("duplicate_rate", "duplicate rate", "rate"),
         ("in_doubt_rate", "in-doubt rate", "rate"),
         ("key_reused", "key reused (client bugs)", "num"),
@@ -256,10 +296,20 @@ def _network_section(data: AuditData) -> str:
             ("create_requests", "create requests", "num"),
             ("duplicate_rate", "duplicate rate", "rate"),
             ("in_doubt_rate", "in-doubt rate", "rate"),
+            ("unseen_attempts", "unseen attempts", "num"),
+            ("link_loss_rate", "link loss", "rate"),
         ],
         "No traffic in the range.",
     )
-    return f'<div class="charts" id="networks">{chart}</div>{table}'
+    loss = bar_chart(
+        "Link loss by network (attempts sent that never reached the server)",
+        labels,
+        [("link loss", [row["link_loss_rate"] for row in networks])],
+    )
+    return (
+        f'<div class="charts" id="networks">{chart}</div>'
+        f'<div class="charts" id="link-loss">{loss}</div>{table}'
+    )
 
 
 def render(data: AuditData) -> str:
@@ -292,6 +342,21 @@ def render(data: AuditData) -> str:
             ],
             "No transactions in the range.",
         ),
+        f"<h2>Lossiest links (top {TOP_TERMINALS} terminals by link loss)</h2>",
+        '<p class="muted">Attempts the terminal numbered but the server never received '
+        "(lost on the way), over the range.</p>",
+        _table(
+            data.lossiest_terminals(),
+            [
+                ("merchant_id", "merchant", "code"),
+                ("terminal_id", "terminal", "text"),
+                ("network", "network", "text"),
+                ("received_attempts", "attempts received", "num"),
+                ("unseen_attempts", "unseen attempts", "num"),
+                ("link_loss_rate", "link loss", "rate"),
+            ],
+            "No numbered attempts in the range.",
+        ),
         f"<h2>Suspected double charges ({len(suspects)})</h2>",
         '<p class="muted">Approved purchases, same merchant, terminal, card, amount and '
         "currency, ≤ 120 s apart under different keys: a client minted a new key.</p>",
@@ -320,6 +385,7 @@ def render(data: AuditData) -> str:
                 ("transactions", "transactions", "num"),
                 ("create_requests", "creates", "num"),
                 ("retry_rate", "retry", "rate"),
+                ("link_loss_rate", "link loss", "rate"),
                 ("duplicate_rate", "duplicate", "rate"),
                 ("in_doubt_rate", "in doubt", "rate"),
                 ("lookup_found_rate", "lookup found", "rate"),

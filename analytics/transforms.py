@@ -6,10 +6,10 @@ rules, once, in code:
 
 - **event metrics** (create_requests, duplicate_requests, lookup_found_rate, key_reused,
   create latency) count on each event's own UTC ``event_date``;
-- **key metrics** (transactions, retried, in-doubt, resolution time, aborted, expired,
-  reversed) count on the UTC date of the key's first event of any endpoint, computed from
-  *all* the key's events in the lake whatever their date; a key is
-  ``(merchant_id, idempotency_key)``;
+- **key metrics** (transactions, retried, unseen attempts and link loss, in-doubt,
+  resolution time, aborted, expired, reversed) count on the UTC date of the key's first
+  event of any endpoint, computed from *all* the key's events in the lake whatever their
+  date; a key is ``(merchant_id, idempotency_key)``;
 - **suspected double charges** count on the later transaction's ``created_at`` date;
 - **exactly-once violations** count on the transaction's date (a charge without a
   transaction: on the entry's date); ledger entries belong to their transaction whatever
@@ -31,6 +31,7 @@ from analytics.metrics import (
     COUNT_COLUMNS,
     DOUBLE_CHARGE_COLUMNS,
     FLEET,
+    LINK_LOSS_COLUMNS,
     NETWORK_COLUMNS,
     RANKING_COLUMNS,
     SUMMARY_COLUMNS,
@@ -49,10 +50,12 @@ NETWORK_COUNTS = [
     "lookups_answered",
     "transactions",
     "retried_transactions",
+    "unseen_attempts",
+    "received_attempts",
     "in_doubt_transactions",
 ]
 BY_MERCHANT = ["merchant_id"]
-ZERO_WHEN_ABSENT = [*COUNT_COLUMNS, "lookups_found", "lookups_answered"]
+ZERO_WHEN_ABSENT = [*COUNT_COLUMNS, "lookups_found", "lookups_answered", "received_attempts"]
 
 
 # ----------------------------------------------------------------- named conditions
@@ -79,6 +82,11 @@ def is_key_reused() -> Column:
 
 def is_counted_attempt() -> Column:
     return is_create() & (F.col("outcome") != "key_reused")
+
+
+def is_numbered_attempt() -> Column:
+    """A counted create event that says which attempt it was (the SDK's ``attempt``)."""
+    return is_counted_attempt() & F.col("attempt").isNotNull()
 
 
 def is_lookup_found() -> Column:
@@ -113,11 +121,15 @@ def is_charge() -> Column:
     return F.col("kind") == "charge"
 
 
-def _rate(numerator: str, denominator: str) -> Column:
+def _rate(numerator: str, denominator: str | Column) -> Column:
     """A fraction in [0, 1]; 0 when the denominator is 0."""
-    return F.when(F.col(denominator) > 0, F.col(numerator) / F.col(denominator)).otherwise(
-        F.lit(0.0)
-    )
+    below = F.col(denominator) if isinstance(denominator, str) else denominator
+    return F.when(below > 0, F.col(numerator) / below).otherwise(F.lit(0.0))
+
+
+def _link_loss_rate() -> Column:
+    """unseen ÷ (unseen + received): the share of the attempts sent that never arrived."""
+    return _rate("unseen_attempts", F.col("unseen_attempts") + F.col("received_attempts"))
 
 
 def _seconds_between(later: str, earlier: str) -> Column:
@@ -176,6 +188,8 @@ def key_facts(events: DataFrame) -> DataFrame:
             F.min(F.when(resolved_after_lookup, F.col("ts"))).alias("resolved_ts"),
             F.bool_or(is_created()).alias("is_transaction"),
             F.count_if(is_counted_attempt()).alias("create_attempts"),
+            F.count_if(is_numbered_attempt()).alias("numbered_attempts"),
+            F.max(F.when(is_numbered_attempt(), F.col("attempt"))).alias("highest_attempt"),
             F.count_if(is_lookup()).alias("lookups"),
             F.bool_or(is_abort_aborted()).alias("aborted"),
             F.bool_or(is_create_expired()).alias("expired"),
@@ -190,13 +204,21 @@ def key_facts(events: DataFrame) -> DataFrame:
     )
     is_transaction = F.col("is_transaction")
     is_in_doubt = is_transaction & (F.col("lookups") >= 1)
+    highest = F.coalesce(F.col("highest_attempt"), F.lit(0))
+    sent_more_than_once = (F.col("create_attempts") >= 2) | (highest >= 2)
+    unseen = F.greatest(highest.cast("long") - F.col("numbered_attempts"), F.lit(0).cast("long"))
+    zero = F.lit(0).cast("long")
     return facts.select(
         *KEY,
         F.to_date(F.col("first_ts")).alias("event_date"),
         F.col("terminal_id"),
         F.coalesce(F.col("network"), F.lit(UNKNOWN_NETWORK)).alias("network"),
         is_transaction.alias("is_transaction"),
-        (is_transaction & (F.col("create_attempts") >= 2)).alias("is_retried"),
+        (is_transaction & sent_more_than_once).alias("is_retried"),
+        F.when(is_transaction, F.col("numbered_attempts"))
+        .otherwise(zero)
+        .alias("received_attempts"),
+        F.when(is_transaction, unseen).otherwise(zero).alias("unseen_attempts"),
         is_in_doubt.alias("is_in_doubt"),
         F.when(is_in_doubt, _seconds_between("resolved_ts", "first_create_ts")).alias(
             "resolution_s"
@@ -228,6 +250,8 @@ def key_counts(keys: DataFrame, dims: list[str]) -> DataFrame:
     aggregates = [
         F.count_if(F.col("is_transaction")).alias("transactions"),
         F.count_if(F.col("is_retried")).alias("retried_transactions"),
+        F.sum("unseen_attempts").alias("unseen_attempts"),
+        F.sum("received_attempts").alias("received_attempts"),
         F.count_if(F.col("is_in_doubt")).alias("in_doubt_transactions"),
         F.count_if(F.col("aborted")).alias("aborted"),
         F.count_if(F.col("expired")).alias("expired"),
@@ -239,6 +263,8 @@ def key_counts(keys: DataFrame, dims: list[str]) -> DataFrame:
         *dims,
         "transactions",
         "retried_transactions",
+        "unseen_attempts",
+        "received_attempts",
         "in_doubt_transactions",
         "aborted",
         "expired",
@@ -353,6 +379,7 @@ def _count_by_day(detail: DataFrame, name: str) -> DataFrame:
 def _with_rates(df: DataFrame) -> DataFrame:
     return (
         df.withColumn("retry_rate", _rate("retried_transactions", "transactions"))
+        .withColumn("link_loss_rate", _link_loss_rate())
         .withColumn("duplicate_rate", _rate("duplicate_requests", "create_requests"))
         .withColumn("in_doubt_rate", _rate("in_doubt_transactions", "transactions"))
         .withColumn("lookup_found_rate", _rate("lookups_found", "lookups_answered"))
@@ -416,7 +443,7 @@ def terminal_ranking(keys: DataFrame, *, start: date, end: date) -> DataFrame:
         F.col("retry_rate").desc(),
         F.col("retried_transactions").desc(),
         F.col("transactions").desc(),
-        F.col("terminal_id").asc(),
+        F.col("terminal_id").asc_nulls_last(),
     )
     return (
         in_range(by_terminal, start=start, end=end)
@@ -427,12 +454,15 @@ def terminal_ranking(keys: DataFrame, *, start: date, end: date) -> DataFrame:
 
 
 def network_rates(events: DataFrame, keys: DataFrame, *, start: date, end: date) -> DataFrame:
-    """The fleet's rates per event_date × network (a key's network: its first create's)."""
+    """The fleet's rates per event_date × network: event metrics under each event's own
+    network, key metrics under the key's (its earliest create event's that carries one);
+    null → ``unknown``. A row per (day, network) with an event or a transaction."""
     by_event = events.withColumn("network", F.coalesce(F.col("network"), F.lit(UNKNOWN_NETWORK)))
     on = ["event_date", "network"]
+    transaction_keys = keys.where(F.col("is_transaction"))
     joined = (
         event_counts(by_event, ["network"])
-        .join(key_counts(keys, ["network"]), on=on, how="full")
+        .join(key_counts(transaction_keys, ["network"]), on=on, how="full")
         .fillna(0, subset=NETWORK_COUNTS)
         .transform(_with_rates)
     )
@@ -442,3 +472,24 @@ def network_rates(events: DataFrame, keys: DataFrame, *, start: date, end: date)
 def daily_trend(summary: DataFrame) -> DataFrame:
     """The fleet rows of ``daily_summary``: one row per day of the range."""
     return summary.where(F.col("merchant_id") == FLEET).orderBy("event_date").select(*TREND_COLUMNS)
+
+
+def terminal_link_loss(keys: DataFrame, *, start: date, end: date) -> DataFrame:
+    """Link loss per event_date × merchant × terminal × the key's network, over keys
+    counted in transactions (an extra output: the report sums it over the range)."""
+    dims = ["event_date", "merchant_id", "terminal_id", "network"]
+    by_terminal = (
+        keys.where(F.col("is_transaction"))
+        .groupBy(*dims)
+        .agg(
+            F.count(F.lit(1)).alias("transactions"),
+            F.sum("received_attempts").alias("received_attempts"),
+            F.sum("unseen_attempts").alias("unseen_attempts"),
+        )
+        .withColumn("link_loss_rate", _link_loss_rate())
+    )
+    return (
+        in_range(by_terminal, start=start, end=end)
+        .orderBy(*[F.col(d).asc_nulls_last() for d in dims])
+        .select(*LINK_LOSS_COLUMNS)
+    )

@@ -7,10 +7,10 @@
 metrics use all of its events whatever their date; only rows dated within --from..--to
 (inclusive) are written. Outputs in --out: ``<table>.csv`` (one file with a header) and a
 ``<table>/`` Parquet folder for daily_summary, terminal_ranking, suspected_double_charges,
-exactly_once_violations, network_rates and daily_trend, plus ``report.html`` and
-``lake_warnings.csv`` (what is wrong with the lake: ``analytics.lake_health``; with
-``--strict`` any warning makes the exit status 1). CSV text cells that a spreadsheet would
-run as a formula are prefixed with ``'``.
+exactly_once_violations, network_rates, terminal_link_loss and daily_trend, plus
+``report.html`` and ``lake_warnings.csv`` (what is wrong with the lake:
+``analytics.lake_health``; with ``--strict`` any warning makes the exit status 1). CSV text
+cells that a spreadsheet would run as a formula are prefixed with ``'``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ OUTPUTS = [
     "suspected_double_charges",
     "exactly_once_violations",
     "network_rates",
+    "terminal_link_loss",
     "daily_trend",
 ]
 
@@ -152,6 +153,7 @@ def audit_tables(
             "event_date", "merchant_id", "transaction_id"
         ),
         "network_rates": transforms.network_rates(events, keys, start=start, end=end),
+        "terminal_link_loss": transforms.terminal_link_loss(keys, start=start, end=end),
         "daily_trend": transforms.daily_trend(summary),
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -117,13 +118,36 @@ def frame(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> DataFr
     return spark.createDataFrame([tuple(r[f.name] for f in schema) for r in rows], schema)
 
 
-def write_lake(lake: Path, table: str, rows: list[dict[str, Any]]) -> None:
-    """Rows into day partitions (by the table's timestamp), as the exporter writes them."""
+def write_lake(lake: Path, table: str, rows: list[dict[str, Any]], *, empty_day: date = D1) -> None:
+    """Rows into day partitions (by the table's timestamp), as the exporter writes them; no
+    rows: one empty partition (``empty_day``), as the exporter writes a quiet day."""
     column = "ts" if table == "request_events" else "created_at"
-    days = sorted({r[column].date() for r in rows})
+    days = sorted({r[column].date() for r in rows}) or [empty_day]
     for day in days:
         chosen = [r for r in rows if r[column].date() == day]
         write_partition(lake, table, day, rows_to_batches(table, chosen))
+
+
+def as_dicts(rows: list[tuple[Any, ...]], columns: list[str]) -> list[dict[str, Any]]:
+    """Expected rows (tuples in ``columns`` order) as dicts, dates as ISO strings: the shape
+    ``analytics.duckdb_reference`` answers in."""
+    return [
+        {c: v.isoformat() if isinstance(v, date) else v for c, v in zip(columns, row, strict=True)}
+        for row in rows
+    ]
+
+
+def assert_rows_equal(actual: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    """Same rows in the same order: every column equal (floats to 1e-9 relative)."""
+    assert len(actual) == len(expected), f"{len(actual)} rows, expected {len(expected)}"
+    assert [list(r) for r in actual] == [list(r) for r in expected], "columns differ"
+    for got, want in zip(actual, expected, strict=True):
+        for column, value in want.items():
+            other = got[column]
+            if isinstance(value, float) and other is not None:
+                assert math.isclose(other, value, rel_tol=1e-9, abs_tol=1e-12), (column, got)
+            else:
+                assert other == value, (column, got, want)
 
 
 SUMMARY_SCHEMA = StructType(
@@ -138,7 +162,13 @@ SUMMARY_SCHEMA = StructType(
 def summary_row(day: date, merchant: str, **metrics: Any) -> tuple[Any, ...]:
     """A daily_summary row: counts default to 0, rates to 0.0, percentiles to None."""
     defaults: dict[str, Any] = {name: 0 for name in COUNT_COLUMNS}
-    defaults.update(retry_rate=0.0, duplicate_rate=0.0, in_doubt_rate=0.0, lookup_found_rate=0.0)
+    defaults.update(
+        retry_rate=0.0,
+        link_loss_rate=0.0,
+        duplicate_rate=0.0,
+        in_doubt_rate=0.0,
+        lookup_found_rate=0.0,
+    )
     unknown = set(metrics) - set(SUMMARY_COLUMNS)
     assert not unknown, unknown
     values = {**defaults, **metrics}

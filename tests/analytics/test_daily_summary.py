@@ -1,4 +1,5 @@
-"""Every metric of SPEC §5's daily summary on a hand-built lake, expected values by hand.
+"""Every metric of SPEC §5's daily summary on a hand-built lake, expected values by hand,
+from Spark and from the DuckDB reference alike.
 
 The lake (merchant A unless said otherwise; latencies in ms in brackets):
 
@@ -8,7 +9,8 @@ D1 = 2026-11-20
   k1   created 10:00 [100]                    merchant B uses the same UUID (below)
   k2   created 11:00 [200], replayed 11:00:10 [300]                     retried
   k3   created 12:00 [400], lookup found 12:00:15                       in doubt, 15 s
-  k4   lookup not_found 13:00:10, created 13:00:12 [500]                in doubt, 0 s
+  k4   lookup not_found 13:00:10, created 13:00:12 [500] attempt 2      in doubt, 0 s;
+       retried: attempt 1 never arrived (1 unseen of 2 sent: link loss 1/2)
   k5   created 23:59:58 [600] | D2: in_progress 00:00:01 [50], replayed 00:00:05 [60]
        (spans midnight: a D1 key, retried; its D2 events count on D2)
   k6   created 14:00 [100], key_reused 14:00:30 [10]                    not retried
@@ -30,20 +32,27 @@ D3 = 2026-11-22: no events at all (the fleet row is there, all zeros).
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from analytics import transforms
+from analytics import duckdb_reference, transforms
+from analytics.metrics import SUMMARY_COLUMNS
 from tests.analytics.lakes import (
     D1,
     D2,
     D3,
     SUMMARY_SCHEMA,
+    as_dicts,
+    assert_rows_equal,
     entry,
     ev,
     frame,
     summary_row,
     txn,
+    write_lake,
 )
 
 K = {
@@ -90,22 +99,22 @@ def _events() -> list[dict[str, object]]:
     ]
 
 
+def _transactions() -> list[dict[str, Any]]:
+    return [txn("t-a1", "2026-11-20 10:00:00"), txn("t-a2", "2026-11-20 10:00:30")]
+
+
+def _ledger() -> list[dict[str, Any]]:
+    return [
+        entry("e1", "t-a1", "2026-11-20 10:00:00"),
+        entry("e2", "t-a2", "2026-11-20 10:00:30"),
+        entry("e3", "t-missing", "2026-11-21 08:00:00", merchant="mer_b"),
+    ]
+
+
 def _summary(spark: SparkSession) -> DataFrame:
     events = transforms.with_event_date(frame(spark, "request_events", _events()), "ts")
-    transactions = frame(
-        spark,
-        "transactions",
-        [txn("t-a1", "2026-11-20 10:00:00"), txn("t-a2", "2026-11-20 10:00:30")],
-    )
-    ledger = frame(
-        spark,
-        "ledger_entries",
-        [
-            entry("e1", "t-a1", "2026-11-20 10:00:00"),
-            entry("e2", "t-a2", "2026-11-20 10:00:30"),
-            entry("e3", "t-missing", "2026-11-21 08:00:00", merchant="mer_b"),
-        ],
-    )
+    transactions = frame(spark, "transactions", _transactions())
+    ledger = frame(spark, "ledger_entries", _ledger())
     return transforms.daily_summary(
         events,
         transforms.key_facts(events),
@@ -116,12 +125,13 @@ def _summary(spark: SparkSession) -> DataFrame:
     )
 
 
-def test_daily_summary_every_metric_by_hand(spark: SparkSession) -> None:
-    expected = [
+def _expected() -> list[tuple[Any, ...]]:
+    return [
         summary_row(
             D1, "mer_a",
             transactions=7, create_requests=10,
-            retried_transactions=2, retry_rate=2 / 7,
+            retried_transactions=3, retry_rate=3 / 7,
+            unseen_attempts=1, link_loss_rate=0.5,
             duplicate_requests=2, duplicate_rate=0.2,
             in_doubt_transactions=3, in_doubt_rate=3 / 7,
             lookup_found_rate=2 / 3,
@@ -139,7 +149,8 @@ def test_daily_summary_every_metric_by_hand(spark: SparkSession) -> None:
         summary_row(
             D1, "ALL",
             transactions=8, create_requests=12,
-            retried_transactions=3, retry_rate=0.375,
+            retried_transactions=4, retry_rate=0.5,
+            unseen_attempts=1, link_loss_rate=0.5,
             duplicate_requests=3, duplicate_rate=0.25,
             in_doubt_transactions=3, in_doubt_rate=0.375,
             lookup_found_rate=2 / 3,
@@ -171,12 +182,23 @@ def test_daily_summary_every_metric_by_hand(spark: SparkSession) -> None:
         ),
         summary_row(D3, "ALL"),
     ]  # fmt: skip
+
+
+def test_daily_summary_every_metric_by_hand(spark: SparkSession) -> None:
     assertDataFrameEqual(
         _summary(spark),
-        spark.createDataFrame(expected, SUMMARY_SCHEMA),
+        spark.createDataFrame(_expected(), SUMMARY_SCHEMA),
         checkRowOrder=True,
         rtol=1e-9,
     )
+
+
+def test_duckdb_reference_gives_the_same_hand_computed_summary(tmp_path: Path) -> None:
+    write_lake(tmp_path, "request_events", _events())
+    write_lake(tmp_path, "transactions", _transactions())
+    write_lake(tmp_path, "ledger_entries", _ledger())
+    rows = duckdb_reference.daily_summary(tmp_path, start=D1, end=D3, threads=2)
+    assert_rows_equal(rows, as_dicts(_expected(), SUMMARY_COLUMNS))
 
 
 def test_range_reports_nothing_outside_it_but_keys_stay_whole(spark: SparkSession) -> None:

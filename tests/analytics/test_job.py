@@ -25,13 +25,18 @@ FIRST, LAST = date(2026, 11, 20), date(2026, 11, 21)
 HEADERS = {
     "daily_summary.csv": (
         "event_date,merchant_id,transactions,create_requests,retried_transactions,retry_rate,"
-        "duplicate_requests,duplicate_rate,in_doubt_transactions,in_doubt_rate,"
+        "unseen_attempts,link_loss_rate,duplicate_requests,duplicate_rate,in_doubt_transactions,in_doubt_rate,"
         "lookup_found_rate,in_doubt_resolution_p50_s,in_doubt_resolution_p95_s,key_reused,"
         "aborted,expired,reversed,suspected_double_charges,exactly_once_violations,"
         "create_p50_ms,create_p95_ms,create_p99_ms"
     ),
     "terminal_ranking.csv": (
         "event_date,merchant_id,terminal_id,transactions,retried_transactions,retry_rate,rank"
+    ),
+    "network_rates.csv": (
+        "event_date,network,transactions,create_requests,retried_transactions,retry_rate,"
+        "duplicate_requests,duplicate_rate,in_doubt_transactions,in_doubt_rate,"
+        "lookup_found_rate,unseen_attempts,link_loss_rate"
     ),
     "suspected_double_charges.csv": (
         "event_date,merchant_id,terminal_id,card_fingerprint,amount,currency,"

@@ -44,7 +44,7 @@ def _fleet(day: str, retry: float, duplicate: float, in_doubt: float) -> dict[st
     counts = dict.fromkeys(
         ["create_requests", "duplicate_requests", "in_doubt_transactions", "key_reused",
          "aborted", "expired", "reversed", "suspected_double_charges",
-         "exactly_once_violations", "retried_transactions"],
+         "exactly_once_violations", "retried_transactions", "unseen_attempts"],
         1,
     )  # fmt: skip
     return {
@@ -53,6 +53,7 @@ def _fleet(day: str, retry: float, duplicate: float, in_doubt: float) -> dict[st
         "transactions": 100,
         **counts,
         "retry_rate": retry,
+        "link_loss_rate": 0.5,
         "duplicate_rate": duplicate,
         "in_doubt_rate": in_doubt,
         "lookup_found_rate": 0.5,
@@ -124,7 +125,28 @@ def _audit() -> AuditData:
             {"event_date": days[0], "network": "gprs", **network},
             {"event_date": days[0], "network": "wifi", **network},
         ],
+        # gprs over the range: 3 unseen of 3 + 9 sent → 25 %; wifi: 1 of 1 + 19 → 5 %.
+        terminal_link_loss=[
+            _link(days[0], "T-0007", "gprs", received=4, unseen=2),
+            _link(days[1], "T-0007", "gprs", received=5, unseen=1),
+            _link(days[0], "T-0009", "wifi", received=19, unseen=1),
+        ],
     )
+
+
+def _link(
+    day: str, terminal: str, network: str, *, received: int, unseen: int
+) -> dict[str, object]:
+    return {
+        "event_date": day,
+        "merchant_id": "mer_a",
+        "terminal_id": terminal,
+        "network": network,
+        "transactions": received,
+        "received_attempts": received,
+        "unseen_attempts": unseen,
+        "link_loss_rate": unseen / (unseen + received),
+    }
 
 
 def test_report_renders_offline_in_chromium(chromium: str, tmp_path: Path) -> None:
@@ -156,8 +178,18 @@ def test_report_renders_offline_in_chromium(chromium: str, tmp_path: Path) -> No
     ]
     polylines = re.findall(r'<polyline class="series" points="([^"]+)"', dom)
     assert len(polylines) == 3 and all(len(p.split()) == 3 for p in polylines)
-    bars = re.findall(r'<rect class="point bar[^"]*"[^>]*data-group="(\w+)"', dom)
+    networks = re.search(r'<div class="charts" id="networks">(.*?)</div>', dom, flags=re.S)
+    assert networks is not None
+    bars = re.findall(r'<rect class="point bar[^"]*"[^>]*data-group="(\w+)"', networks[1])
     assert sorted(set(bars)) == ["gprs", "wifi"] and len(bars) == 6  # 3 rates × 2 networks
+    # Link loss by network over the range, recomputed from the terminals' counts.
+    loss = re.search(r'<div class="charts" id="link-loss">(.*?)</div>', dom, flags=re.S)
+    assert loss is not None
+    assert re.findall(r'data-group="(\w+)" data-series="link loss" data-value="([\d.]+)"',
+                      loss[1]) == [("gprs", "0.250000"), ("wifi", "0.050000")]  # fmt: skip
+    lossiest = dom.split("Lossiest links", 1)[1].split("</table>", 1)[0]
+    assert re.findall(r"<td[^>]*>(T-\d+)</td>", lossiest) == ["T-0007", "T-0009"]
+    assert "25.00%" in lossiest and "5.00%" in lossiest
     banner = re.search(r'<div class="banner bad" id="exactly-once">(.*?)</div>', dom, re.S)
     assert banner is not None
     assert "2 exactly-once violations" in banner.group(1)
