@@ -1,40 +1,64 @@
 """idempay terminal SDK: exactly-once card payments over unreliable links.
 
 ```python
-from client_sdk import Client
+from client_sdk import Client, RetryPolicy
 with Client(base_url, api_key, terminal_id="T-0001", journal="pos.db") as pos:
     pos.recover()  # on boot: settle whatever a previous run left in doubt
     result = pos.purchase(amount=1250, currency="BRL", card=card, deadline_s=60)
 ```
 
 Depends only on the standard library and httpx. ``client_sdk.faults`` holds the
-fault-injecting transports used by tests and the fleet simulator.
+fault-injecting transport used by tests and the fleet simulator.
+
+Deprecated for one release: the error names without the ``Error`` suffix
+(``PaymentAborted``, ``PaymentInDoubt``, ``NotFound``, … — aliases of the same classes,
+listed in ``client_sdk._exceptions``) and the ``base_backoff`` / ``max_backoff`` /
+``max_retries`` arguments of ``Client`` and ``AsyncClient`` (pass ``retry=RetryPolicy(...)``).
 """
 
 from ._client import AsyncClient, Client
 from ._exceptions import (
     APIConnectionError,
     APIError,
+    ClockSkewError,
     IdempayError,
     IdempotencyKeyInvalid,
+    IdempotencyKeyInvalidError,
     IdempotencyKeyMissing,
+    IdempotencyKeyMissingError,
     IdempotencyKeyReused,
+    IdempotencyKeyReusedError,
     InvalidTransition,
+    InvalidTransitionError,
     JournalError,
     NotFound,
+    NotFoundError,
     NotReversible,
+    NotReversibleError,
     PanNotAllowed,
+    PanNotAllowedError,
     PayloadTooLarge,
+    PayloadTooLargeError,
     PaymentAborted,
+    PaymentAbortedError,
     PaymentInDoubt,
+    PaymentInDoubtError,
     RateLimited,
+    RateLimitedError,
     RequestExpired,
+    RequestExpiredError,
     RequestInProgress,
+    RequestInProgressError,
+    RequestTimeoutError,
     ServerError,
     ServiceUnavailable,
+    ServiceUnavailableError,
     TransactionAborted,
+    TransactionAbortedError,
     Unauthorized,
+    UnauthorizedError,
     ValidationFailed,
+    ValidationFailedError,
 )
 from ._journal import Journal, JournalEntry
 from ._keys import uuid7
@@ -48,6 +72,7 @@ from ._models import (
     Transaction,
     TransactionStatus,
 )
+from ._retry import RetryPolicy
 
 __all__ = [
     "APIConnectionError",
@@ -56,33 +81,53 @@ __all__ = [
     "Card",
     "CardSummary",
     "Client",
+    "ClockSkewError",
     "Fenced",
     "IdempayError",
     "IdempotencyKeyInvalid",
+    "IdempotencyKeyInvalidError",
     "IdempotencyKeyMissing",
+    "IdempotencyKeyMissingError",
     "IdempotencyKeyReused",
+    "IdempotencyKeyReusedError",
     "InvalidTransition",
+    "InvalidTransitionError",
     "Journal",
     "JournalEntry",
     "JournalError",
     "JournalState",
     "NotFound",
+    "NotFoundError",
     "NotReversible",
+    "NotReversibleError",
     "PanNotAllowed",
+    "PanNotAllowedError",
     "PayloadTooLarge",
+    "PayloadTooLargeError",
     "PaymentAborted",
+    "PaymentAbortedError",
     "PaymentInDoubt",
+    "PaymentInDoubtError",
     "Processing",
     "RateLimited",
+    "RateLimitedError",
     "Recovered",
     "RequestExpired",
+    "RequestExpiredError",
     "RequestInProgress",
+    "RequestInProgressError",
+    "RequestTimeoutError",
+    "RetryPolicy",
     "ServerError",
     "ServiceUnavailable",
+    "ServiceUnavailableError",
     "Transaction",
     "TransactionAborted",
+    "TransactionAbortedError",
     "TransactionStatus",
     "Unauthorized",
+    "UnauthorizedError",
     "ValidationFailed",
+    "ValidationFailedError",
     "uuid7",
 ]

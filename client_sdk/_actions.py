@@ -23,7 +23,7 @@ and is retried like a lost answer.
 | abort    | 200 aborted / expired, or 410    | Fence                                    |
 | abort    | 200 transaction                  | Finish                                   |
 | abort    | 408 / 409 / 429 / 5xx / no reply | Retry → abort                            |
-| abort    | other                            | GiveUp → PaymentInDoubt                  |
+| abort    | other                            | GiveUp → PaymentInDoubtError                  |
 | reversal | 200                              | Finish                                   |
 | reversal | 408 / 409 / 429 / 5xx / no reply | Retry → reversal                         |
 | reversal | other                            | GiveUp → keep the approval               |

@@ -11,6 +11,7 @@ import math
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -27,7 +28,7 @@ from ._protocol import pay, recover
 from ._request import build_body
 from ._retry import RetryPolicy
 
-__all__ = ["MAX_DEADLINE_S", "NETWORKS", "BaseClient", "no_reply", "reply_from"]
+__all__ = ["MAX_DEADLINE_S", "NETWORKS", "BaseClient", "no_reply", "reply_from", "retry_policy"]
 
 MAX_DEADLINE_S = 3600.0
 """A payment deadline longer than an hour is a bug in the caller, not a customer waiting."""
@@ -72,7 +73,54 @@ def send_kwargs(effect: Send) -> dict[str, Any]:
     return {"headers": dict(effect.headers), "content": effect.content, "timeout": effect.timeout}
 
 
+def retry_policy(
+    retry: RetryPolicy | None,
+    *,
+    base_backoff: float | None,
+    max_backoff: float | None,
+    max_retries: int | None,
+) -> RetryPolicy:
+    """``retry``, or a policy built from the deprecated loose arguments (with a
+    ``DeprecationWarning``); passing both is a ``TypeError``."""
+    loose = {
+        name: value
+        for name, value in (
+            ("base_backoff", base_backoff),
+            ("max_backoff", max_backoff),
+            ("max_retries", max_retries),
+        )
+        if value is not None
+    }
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+    if not loose:
+        return retry if retry is not None else RetryPolicy()
+    names = ", ".join(loose)
+    if retry is not None:
+        raise TypeError(f"pass retry=RetryPolicy(...) or the deprecated {names}, not both")
+    warnings.warn(
+        f"{names}: deprecated, removed in the next release; pass "
+        "retry=RetryPolicy(base=..., cap=..., max_retries=...) instead",
+        DeprecationWarning,
+        stacklevel=3,  # the caller of Client(...) / AsyncClient(...)
+    )
+    default = RetryPolicy()
+    if base_backoff is not None:
+        _check_number("base_backoff", base_backoff, low=0.0, high=600.0, low_ok=True)
+    if max_backoff is not None:
+        _check_number("max_backoff", max_backoff, low=0.0, high=600.0, low_ok=True)
+    if max_retries is not None and (not isinstance(max_retries, int) or max_retries < 0):
+        raise ValueError("max_retries must be an integer ≥ 0")
+    return RetryPolicy(
+        base=default.base if base_backoff is None else base_backoff,
+        cap=default.cap if max_backoff is None else max_backoff,
+        max_retries=default.max_retries if max_retries is None else max_retries,
+    )
+
+
 class BaseClient:
+    """Configuration and translation shared by ``Client`` and ``AsyncClient``."""
+
     def __init__(
         self,
         api_key: str,
@@ -81,10 +129,8 @@ class BaseClient:
         journal: str | os.PathLike[str] | Journal,
         network: str | None,
         timeout: float,
-        base_backoff: float,
-        max_backoff: float,
+        retry: RetryPolicy,
         abort_grace_s: float,
-        max_retries: int,
         send_expires_at: bool,
         seed: int | None,
         clock: Callable[[], float] | None,
@@ -94,15 +140,11 @@ class BaseClient:
             raise ValueError(f"network must be one of {sorted(NETWORKS)}")
         _check_number("timeout", timeout, low=0.0, high=600.0, low_ok=False)
         _check_number("abort_grace_s", abort_grace_s, low=0.0, high=MAX_DEADLINE_S, low_ok=True)
-        _check_number("base_backoff", base_backoff, low=0.0, high=600.0, low_ok=True)
-        _check_number("max_backoff", max_backoff, low=0.0, high=600.0, low_ok=True)
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError("max_retries must be an integer ≥ 0")
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
         if network is not None:
             headers["POS-Network"] = network
         self.terminal_id = terminal_id
-        self.max_retries = max_retries
+        self.retry = retry
         self.send_expires_at = send_expires_at
         self._owns_journal = not isinstance(journal, Journal)
         self.journal = journal if isinstance(journal, Journal) else Journal(journal)
@@ -111,13 +153,18 @@ class BaseClient:
         self._ctx = Context(
             headers=headers,
             timeout=timeout,
-            policy=RetryPolicy(base=base_backoff, cap=max_backoff),
+            policy=retry,
             abort_grace_s=abort_grace_s,
             clock=clock or time.time,
             monotonic=monotonic or time.monotonic,
             server_clock=self._server_clock,
             rng=random.Random(seed),
         )
+
+    @property
+    def max_retries(self) -> int:
+        """Deprecated: ``retry.max_retries``."""
+        return self.retry.max_retries
 
     def _observe_clock(self, response: httpx.Response, sent_at: float) -> None:
         """Estimate how far the server's clock is from ours, NTP-style, so that

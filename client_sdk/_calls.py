@@ -45,8 +45,8 @@ def _transaction(reply: HttpReply) -> Transaction:
 
 
 def lookup(ctx: Context, key: str, *, max_retries: int) -> Steps[Transaction | Processing]:
-    """GET by key: the transaction, or Processing; NotFound / TransactionAborted /
-    RequestExpired and the other errors are raised."""
+    """GET by key: the transaction, or Processing; NotFoundError / TransactionAbortedError /
+    RequestExpiredError and the other errors are raised."""
     reply = yield from _call(ctx, "GET", f"/v1/transactions/{key}", max_retries=max_retries)
     if reply.status == 202:
         wait = parse_retry_after(reply.headers.get("retry-after"), ctx.now())

@@ -16,11 +16,19 @@ from typing import Any, TypeVar, cast
 
 import httpx
 
-from ._base_client import BaseClient, check_deadline, no_reply, reply_from, send_kwargs
+from ._base_client import (
+    BaseClient,
+    check_deadline,
+    no_reply,
+    reply_from,
+    retry_policy,
+    send_kwargs,
+)
 from ._calls import abort, lookup, reverse
 from ._effects import Reply, Send, Sleep, Steps
 from ._journal import Journal
 from ._models import Card, Fenced, Processing, Recovered, Transaction
+from ._retry import RetryPolicy
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -31,7 +39,37 @@ CardLike = Card | Mapping[str, str]
 
 
 class Client(BaseClient):
-    """Blocking terminal client. One per process; thread-safe."""
+    """Blocking terminal client. One per process; thread-safe.
+
+    ```python
+    with Client(base_url, api_key, terminal_id="T-0001", journal="pos.db") as pos:
+        pos.recover()
+        result = pos.purchase(amount=1250, currency="BRL", card=card, deadline_s=60)
+    ```
+
+    Arguments (all but the first two keyword-only):
+
+    - ``base_url``, ``api_key``: the server, and the merchant's API key (a bearer token).
+    - ``terminal_id``: sent with every payment.
+    - ``journal``: the durable journal — a SQLite path (the client opens and closes it)
+      or a ``Journal`` the caller owns and may share between clients.
+    - ``network``: the link, sent as ``POS-Network`` (``gprs``, ``3g``, ``4g``, ``wifi``,
+      ``ethernet``, ``other``).
+    - ``timeout``: seconds per HTTP request.
+    - ``transport``: an httpx transport (tests: ``httpx.MockTransport``,
+      ``client_sdk.faults.FaultTransport``).
+    - ``retry``: a ``RetryPolicy`` (backoff, its cap, the ``Retry-After`` clamp, the retries
+      of a single lookup/abort/reverse); the default is ``RetryPolicy()``.
+    - ``abort_grace_s``: how long past the deadline the SDK keeps trying to land the abort.
+    - ``send_expires_at``: send ``expires_at`` (the deadline) so a copy the network holds
+      past it is refused by the server.
+    - ``seed``, ``clock``, ``monotonic``, ``sleep``: jitter seed and time sources, for tests.
+    - ``base_backoff``, ``max_backoff``, ``max_retries``: **deprecated** (one release) —
+      ``RetryPolicy(base=, cap=, max_retries=)``; they warn (``DeprecationWarning``), and
+      passing any of them together with ``retry`` is a ``TypeError``.
+
+    Raises ``ValueError`` for an out-of-range setting.
+    """
 
     def __init__(
         self,
@@ -43,26 +81,28 @@ class Client(BaseClient):
         network: str | None = None,
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
-        base_backoff: float = 0.1,
-        max_backoff: float = 5.0,
+        retry: RetryPolicy | None = None,
         abort_grace_s: float = 15.0,
-        max_retries: int = 2,
         send_expires_at: bool = True,
         seed: int | None = None,
         clock: Callable[[], float] | None = None,
         monotonic: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
+        base_backoff: float | None = None,
+        max_backoff: float | None = None,
+        max_retries: int | None = None,
     ) -> None:
+        policy = retry_policy(
+            retry, base_backoff=base_backoff, max_backoff=max_backoff, max_retries=max_retries
+        )
         super().__init__(
             api_key,
             terminal_id=terminal_id,
             journal=journal,
             network=network,
             timeout=timeout,
-            base_backoff=base_backoff,
-            max_backoff=max_backoff,
+            retry=policy,
             abort_grace_s=abort_grace_s,
-            max_retries=max_retries,
             send_expires_at=send_expires_at,
             seed=seed,
             clock=clock,
@@ -83,6 +123,20 @@ class Client(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
+        """Sell: charge ``amount`` (minor units of ``currency``, e.g. 1250 BRL = R$ 12.50)
+        to ``card`` (a ``Card`` or a ``{"token", "last4", "brand"}`` mapping), exactly once.
+
+        The key is minted and the request journaled before the first byte leaves; a lost
+        answer is resolved by key (lookup, resend with the same key), and at
+        ``deadline_s`` the key is aborted. With ``reverse_late_approval`` an approval
+        that lands after the deadline is reversed (the customer has left).
+
+        Returns the ``Transaction`` (``status`` ``"approved"`` or ``"declined"``). Raises
+        ``PaymentAbortedError`` (definitive: never charged), ``PaymentInDoubtError`` (no
+        definitive answer could be recorded; ``recover()`` settles it later), an
+        ``APIError`` subclass for a request the server refused (e.g.
+        ``ValidationFailedError``), ``ValueError`` for a bad argument.
+        """
         check_deadline(deadline_s)
         self._learn_clock()
         _, steps = self._payment(
@@ -110,6 +164,8 @@ class Client(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
+        """Refund ``amount`` to ``card``: the same guarantees, arguments, result and
+        errors as ``purchase``."""
         check_deadline(deadline_s)
         self._learn_clock()
         _, steps = self._payment(
@@ -126,19 +182,32 @@ class Client(BaseClient):
         return self._run(steps)
 
     def lookup(self, id: str) -> Transaction | Processing:
-        return self._run(lookup(self._ctx, id, max_retries=self.max_retries))
+        """The server's answer for key ``id``: the ``Transaction``, or ``Processing``
+        while it is still being worked on. Raises ``NotFoundError`` (nothing under the
+        key), ``TransactionAbortedError`` / ``RequestExpiredError`` (fenced),
+        ``APIConnectionError`` after ``retry.max_retries`` retries without an answer."""
+        return self._run(lookup(self._ctx, id, max_retries=self.retry.max_retries))
 
     def abort(self, id: str) -> Transaction | Fenced:
-        return self._run(abort(self._ctx, id, max_retries=self.max_retries))
+        """Fence key ``id`` so it is never processed: ``Fenced`` if it was not, else
+        the ``Transaction`` it already produced (abort never undoes a processed payment;
+        see ``reverse``). Raises an ``APIError`` subclass or ``APIConnectionError``."""
+        return self._run(abort(self._ctx, id, max_retries=self.retry.max_retries))
 
     def reverse(self, id: str) -> Transaction:
-        return self._run(reverse(self._ctx, id, max_retries=self.max_retries))
+        """Undo the approved transaction under key ``id``; returns it as ``reversed``.
+        Raises ``NotReversibleError`` (declined or aborted), ``NotFoundError``, or
+        ``APIConnectionError``."""
+        return self._run(reverse(self._ctx, id, max_retries=self.retry.max_retries))
 
     def recover(self) -> list[Recovered]:
-        """Settle every unfinished journal entry no other driver holds (never sells)."""
+        """Settle every unfinished journal entry no other driver holds (never sells):
+        look each key up, fence with abort what the server does not know, and report one
+        ``Recovered`` per entry; one bad entry does not stop the others. Call on boot."""
         return self._run(self._recovery())
 
     def close(self) -> None:
+        """Close the HTTP connections, and the journal if the client opened it."""
         self._http.close()
         self._close_journal()
 
@@ -199,7 +268,14 @@ class Client(BaseClient):
 
 
 class AsyncClient(BaseClient):
-    """Asyncio terminal client, same surface as ``Client``."""
+    """Asyncio terminal client: the same arguments and surface as ``Client``, with
+    coroutine methods (journal writes run in a worker thread).
+
+    ```python
+    async with AsyncClient(base_url, api_key, terminal_id="T-0001") as pos:
+        result = await pos.purchase(amount=1250, currency="BRL", card=card)
+    ```
+    """
 
     def __init__(
         self,
@@ -211,26 +287,28 @@ class AsyncClient(BaseClient):
         network: str | None = None,
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
-        base_backoff: float = 0.1,
-        max_backoff: float = 5.0,
+        retry: RetryPolicy | None = None,
         abort_grace_s: float = 15.0,
-        max_retries: int = 2,
         send_expires_at: bool = True,
         seed: int | None = None,
         clock: Callable[[], float] | None = None,
         monotonic: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        base_backoff: float | None = None,
+        max_backoff: float | None = None,
+        max_retries: int | None = None,
     ) -> None:
+        policy = retry_policy(
+            retry, base_backoff=base_backoff, max_backoff=max_backoff, max_retries=max_retries
+        )
         super().__init__(
             api_key,
             terminal_id=terminal_id,
             journal=journal,
             network=network,
             timeout=timeout,
-            base_backoff=base_backoff,
-            max_backoff=max_backoff,
+            retry=policy,
             abort_grace_s=abort_grace_s,
-            max_retries=max_retries,
             send_expires_at=send_expires_at,
             seed=seed,
             clock=clock,
@@ -251,6 +329,20 @@ class AsyncClient(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
+        """Sell: charge ``amount`` (minor units of ``currency``, e.g. 1250 BRL = R$ 12.50)
+        to ``card`` (a ``Card`` or a ``{"token", "last4", "brand"}`` mapping), exactly once.
+
+        The key is minted and the request journaled before the first byte leaves; a lost
+        answer is resolved by key (lookup, resend with the same key), and at
+        ``deadline_s`` the key is aborted. With ``reverse_late_approval`` an approval
+        that lands after the deadline is reversed (the customer has left).
+
+        Returns the ``Transaction`` (``status`` ``"approved"`` or ``"declined"``). Raises
+        ``PaymentAbortedError`` (definitive: never charged), ``PaymentInDoubtError`` (no
+        definitive answer could be recorded; ``recover()`` settles it later), an
+        ``APIError`` subclass for a request the server refused (e.g.
+        ``ValidationFailedError``), ``ValueError`` for a bad argument.
+        """
         check_deadline(deadline_s)
         await self._learn_clock()
         _, steps = self._payment(
@@ -278,6 +370,8 @@ class AsyncClient(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
+        """Refund ``amount`` to ``card``: the same guarantees, arguments, result and
+        errors as ``purchase``."""
         check_deadline(deadline_s)
         await self._learn_clock()
         _, steps = self._payment(
@@ -294,19 +388,32 @@ class AsyncClient(BaseClient):
         return await self._run(steps)
 
     async def lookup(self, id: str) -> Transaction | Processing:
-        return await self._run(lookup(self._ctx, id, max_retries=self.max_retries))
+        """The server's answer for key ``id``: the ``Transaction``, or ``Processing``
+        while it is still being worked on. Raises ``NotFoundError`` (nothing under the
+        key), ``TransactionAbortedError`` / ``RequestExpiredError`` (fenced),
+        ``APIConnectionError`` after ``retry.max_retries`` retries without an answer."""
+        return await self._run(lookup(self._ctx, id, max_retries=self.retry.max_retries))
 
     async def abort(self, id: str) -> Transaction | Fenced:
-        return await self._run(abort(self._ctx, id, max_retries=self.max_retries))
+        """Fence key ``id`` so it is never processed: ``Fenced`` if it was not, else
+        the ``Transaction`` it already produced (abort never undoes a processed payment;
+        see ``reverse``). Raises an ``APIError`` subclass or ``APIConnectionError``."""
+        return await self._run(abort(self._ctx, id, max_retries=self.retry.max_retries))
 
     async def reverse(self, id: str) -> Transaction:
-        return await self._run(reverse(self._ctx, id, max_retries=self.max_retries))
+        """Undo the approved transaction under key ``id``; returns it as ``reversed``.
+        Raises ``NotReversibleError`` (declined or aborted), ``NotFoundError``, or
+        ``APIConnectionError``."""
+        return await self._run(reverse(self._ctx, id, max_retries=self.retry.max_retries))
 
     async def recover(self) -> list[Recovered]:
-        """Settle every unfinished journal entry no other driver holds (never sells)."""
+        """Settle every unfinished journal entry no other driver holds (never sells):
+        look each key up, fence with abort what the server does not know, and report one
+        ``Recovered`` per entry; one bad entry does not stop the others. Call on boot."""
         return await self._run(self._recovery())
 
     async def close(self) -> None:
+        """Close the HTTP connections, and the journal if the client opened it."""
         try:
             await self._http.aclose()
         except RuntimeError:  # connections left on an event loop that is already closed

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from ._actions import Expected
 from ._effects import HttpReply, NoReply, Record, Reply, Send, Sleep, Steps
-from ._exceptions import APIError, InvalidTransition, JournalError, PaymentInDoubt
+from ._exceptions import APIError, InvalidTransitionError, JournalError, PaymentInDoubtError
 from ._journal import JournalEntry
 from ._models import JournalState
 from ._retry import RetryPolicy
@@ -127,10 +127,10 @@ class Run:
         result: object = None,
     ) -> Steps[None]:
         """Journal a transition. Already final → ``SettledElsewhere``; a storage failure
-        → ``PaymentInDoubt`` (with ``result``) once anything may have been sent."""
+        → ``PaymentInDoubtError`` (with ``result``) once anything may have been sent."""
         try:
             yield Record(self.key, state, attempts, outcome)
-        except InvalidTransition as exc:
+        except InvalidTransitionError as exc:
             if isinstance(exc.entry, JournalEntry) and exc.entry.state.is_terminal:
                 raise SettledElsewhere(exc.entry) from exc
             raise self._journal_failed(exc, state, result) from exc
@@ -141,7 +141,7 @@ class Run:
     def _journal_failed(self, exc: Exception, state: JournalState, result: object) -> Exception:
         if not self.maybe_sent:
             return JournalError(f"payment {self.key}: nothing was sent; journal failed: {exc}")
-        return PaymentInDoubt(
+        return PaymentInDoubtError(
             f"payment {self.key}: the journal failed writing {state} ({exc}); "
             + ("the server's answer is attached; " if result is not None else "")
             + "the entry stays for recover()",

@@ -6,64 +6,102 @@ one), ``status`` (HTTP status), ``request_id`` (the ``X-Request-Id`` response he
 
 ```
 IdempayError
-├── APIError                       the server answered with an error (problem+json)
-│   ├── IdempotencyKeyMissing      400 idempotency_key_missing
-│   ├── IdempotencyKeyInvalid      400 idempotency_key_invalid
-│   ├── Unauthorized               401 unauthorized
-│   ├── NotFound                   404 not_found
-│   ├── RequestInProgress          409 request_in_progress
-│   ├── TransactionAborted         410 transaction_aborted
-│   ├── RequestExpired             410 request_expired
-│   ├── PayloadTooLarge            413 payload_too_large
-│   ├── IdempotencyKeyReused       422 idempotency_key_reused
-│   ├── ValidationFailed           422 validation_error
-│   │   └── PanNotAllowed          422 pan_not_allowed (also raised locally, before journaling)
-│   ├── NotReversible              422 not_reversible
-│   ├── RateLimited                429 rate_limited
-│   └── ServerError                5xx
-│       └── ServiceUnavailable     503 service_unavailable
-├── APIConnectionError             no answer (network failure) after the allowed retries
-├── PaymentAborted                 the payment is fenced: definitive, never charged
-├── PaymentInDoubt                 no definitive answer recorded (``result`` if one arrived)
-└── JournalError                   the local journal refused an operation
-    └── InvalidTransition          a transition out of a terminal state (or back to PENDING)
+├── APIError                            the server answered with an error (problem+json)
+│   ├── IdempotencyKeyMissingError      400 idempotency_key_missing
+│   ├── IdempotencyKeyInvalidError      400 idempotency_key_invalid
+│   ├── UnauthorizedError               401 unauthorized
+│   ├── NotFoundError                   404 not_found
+│   ├── RequestTimeoutError             408 request_timeout
+│   ├── RequestInProgressError          409 request_in_progress
+│   ├── TransactionAbortedError         410 transaction_aborted
+│   ├── RequestExpiredError             410 request_expired
+│   ├── PayloadTooLargeError            413 payload_too_large
+│   ├── IdempotencyKeyReusedError       422 idempotency_key_reused
+│   ├── ValidationFailedError           422 validation_error
+│   │   ├── PanNotAllowedError          422 pan_not_allowed (also raised locally, before journaling)
+│   │   └── ClockSkewError              422 clock_skew
+│   ├── NotReversibleError              422 not_reversible
+│   ├── RateLimitedError                429 rate_limited
+│   └── ServerError                     5xx (internal_error, or no code)
+│       └── ServiceUnavailableError     503 service_unavailable
+├── APIConnectionError                  no answer (network failure) after the allowed retries
+├── PaymentAbortedError                 the payment is fenced: definitive, never charged
+├── PaymentInDoubtError                 no definitive answer recorded (``result`` if one arrived)
+└── JournalError                        the local journal refused an operation
+    └── InvalidTransitionError          a transition out of a terminal state (or back to PENDING)
 ```
+
+A code the SDK does not know (``method_not_allowed``, ``malformed_request``,
+``request_headers_too_large``, or one a newer server adds) keeps its ``code`` on the class
+its status maps to, else on ``APIError`` (``ServerError`` for a 5xx).
+
+Deprecated names, kept for one release as aliases of the same class objects (so
+``except PaymentAborted`` still catches ``PaymentAbortedError``): ``IdempotencyKeyMissing``,
+``IdempotencyKeyInvalid``, ``Unauthorized``, ``NotFound``, ``RequestInProgress``,
+``TransactionAborted``, ``RequestExpired``, ``PayloadTooLarge``, ``IdempotencyKeyReused``,
+``ValidationFailed``, ``PanNotAllowed``, ``NotReversible``, ``RateLimited``,
+``ServiceUnavailable``, ``PaymentAborted``, ``PaymentInDoubt``, ``InvalidTransition``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 __all__ = [
     "APIConnectionError",
     "APIError",
+    "ClockSkewError",
+    "ERRORS_BY_CODE",
     "IdempayError",
     "IdempotencyKeyInvalid",
+    "IdempotencyKeyInvalidError",
     "IdempotencyKeyMissing",
+    "IdempotencyKeyMissingError",
     "IdempotencyKeyReused",
+    "IdempotencyKeyReusedError",
     "InvalidTransition",
+    "InvalidTransitionError",
     "JournalError",
     "NotFound",
+    "NotFoundError",
     "NotReversible",
+    "NotReversibleError",
     "PanNotAllowed",
+    "PanNotAllowedError",
     "PayloadTooLarge",
+    "PayloadTooLargeError",
     "PaymentAborted",
+    "PaymentAbortedError",
     "PaymentInDoubt",
+    "PaymentInDoubtError",
     "RateLimited",
+    "RateLimitedError",
     "RequestExpired",
+    "RequestExpiredError",
     "RequestInProgress",
+    "RequestInProgressError",
+    "RequestTimeoutError",
     "ServerError",
     "ServiceUnavailable",
+    "ServiceUnavailableError",
     "TransactionAborted",
+    "TransactionAbortedError",
     "Unauthorized",
+    "UnauthorizedError",
     "ValidationFailed",
+    "ValidationFailedError",
     "error_from_response",
 ]
 
 
 class IdempayError(Exception):
-    """Base of every error the SDK raises."""
+    """Base of every error the SDK raises.
+
+    ``message`` is the text of ``str(error)``; ``code``, ``status``, ``request_id`` and
+    ``detail`` are the server's problem code, HTTP status, ``X-Request-Id`` and problem
+    ``detail`` when the error comes from an answer (else None)."""
 
     def __init__(
         self,
@@ -83,7 +121,8 @@ class IdempayError(Exception):
 
 
 class APIError(IdempayError):
-    """The server answered with an error status."""
+    """The server answered with an error status; ``body`` is the parsed answer (the
+    problem+json object, or None when it was not JSON)."""
 
     def __init__(
         self,
@@ -99,55 +138,64 @@ class APIError(IdempayError):
         self.body = body
 
 
-class IdempotencyKeyMissing(APIError):
+class IdempotencyKeyMissingError(APIError):
     """The create carried no Idempotency-Key header."""
 
 
-class IdempotencyKeyInvalid(APIError):
+class IdempotencyKeyInvalidError(APIError):
     """The Idempotency-Key header is not a UUID."""
 
 
-class Unauthorized(APIError):
+class UnauthorizedError(APIError):
     """The API key is missing or unknown."""
 
 
-class NotFound(APIError):
+class NotFoundError(APIError):
     """Nothing is known under this key (for this merchant)."""
 
 
-class RequestInProgress(APIError):
+class RequestTimeoutError(APIError):
+    """The request body did not reach the server in time; nothing was processed."""
+
+
+class RequestInProgressError(APIError):
     """The key is being processed right now; retry after Retry-After."""
 
 
-class TransactionAborted(APIError):
+class TransactionAbortedError(APIError):
     """The key was fenced by abort: never processed, and never will be."""
 
 
-class RequestExpired(APIError):
+class RequestExpiredError(APIError):
     """The request arrived after its expires_at (or captured_at is too old): fenced."""
 
 
-class PayloadTooLarge(APIError):
+class PayloadTooLargeError(APIError):
     """The request body is over the server's limit."""
 
 
-class IdempotencyKeyReused(APIError):
+class IdempotencyKeyReusedError(APIError):
     """The key was already used with a different payload."""
 
 
-class ValidationFailed(APIError):
+class ValidationFailedError(APIError):
     """The request body is invalid."""
 
 
-class PanNotAllowed(ValidationFailed):
+class PanNotAllowedError(ValidationFailedError):
     """A field looks like a card number (PAN); card data must be tokenized."""
 
 
-class NotReversible(APIError):
+class ClockSkewError(ValidationFailedError):
+    """``captured_at`` (or ``expires_at``) is further ahead of the server's clock than it
+    tolerates; nothing was processed."""
+
+
+class NotReversibleError(APIError):
     """The transaction cannot be reversed (declined, or aborted)."""
 
 
-class RateLimited(APIError):
+class RateLimitedError(APIError):
     """Too many requests for this API key; retry after Retry-After."""
 
 
@@ -155,7 +203,7 @@ class ServerError(APIError):
     """A 5xx: never the stored answer for a key, so a retry with the same key is safe."""
 
 
-class ServiceUnavailable(ServerError):
+class ServiceUnavailableError(ServerError):
     """Storage is down; nothing was processed by this request."""
 
 
@@ -167,7 +215,7 @@ class APIConnectionError(IdempayError):
         self.sent = sent
 
 
-class PaymentAborted(IdempayError):
+class PaymentAbortedError(IdempayError):
     """The payment ended without a charge: fenced by abort, expired, or never sent."""
 
     def __init__(
@@ -186,7 +234,7 @@ class PaymentAborted(IdempayError):
         self.reason = reason
 
 
-class PaymentInDoubt(IdempayError):
+class PaymentInDoubtError(IdempayError):
     """No definitive answer the terminal could record — not even the abort reached the
     server, or the journal failed after a send; the entry stays for recover().
 
@@ -203,7 +251,7 @@ class JournalError(IdempayError):
     """The local journal refused an operation."""
 
 
-class InvalidTransition(JournalError):
+class InvalidTransitionError(JournalError):
     """A journal entry cannot move to the requested state (``entry``: as it stands)."""
 
     def __init__(self, message: str, *, entry: object = None) -> None:
@@ -212,30 +260,36 @@ class InvalidTransition(JournalError):
 
 
 _BY_CODE: dict[str, type[APIError]] = {
-    "idempotency_key_missing": IdempotencyKeyMissing,
-    "idempotency_key_invalid": IdempotencyKeyInvalid,
-    "unauthorized": Unauthorized,
-    "not_found": NotFound,
-    "request_in_progress": RequestInProgress,
-    "transaction_aborted": TransactionAborted,
-    "request_expired": RequestExpired,
-    "payload_too_large": PayloadTooLarge,
-    "idempotency_key_reused": IdempotencyKeyReused,
-    "validation_error": ValidationFailed,
-    "pan_not_allowed": PanNotAllowed,
-    "not_reversible": NotReversible,
-    "rate_limited": RateLimited,
-    "service_unavailable": ServiceUnavailable,
+    "idempotency_key_missing": IdempotencyKeyMissingError,
+    "idempotency_key_invalid": IdempotencyKeyInvalidError,
+    "unauthorized": UnauthorizedError,
+    "not_found": NotFoundError,
+    "request_timeout": RequestTimeoutError,
+    "request_in_progress": RequestInProgressError,
+    "transaction_aborted": TransactionAbortedError,
+    "request_expired": RequestExpiredError,
+    "payload_too_large": PayloadTooLargeError,
+    "idempotency_key_reused": IdempotencyKeyReusedError,
+    "validation_error": ValidationFailedError,
+    "pan_not_allowed": PanNotAllowedError,
+    "clock_skew": ClockSkewError,
+    "not_reversible": NotReversibleError,
+    "rate_limited": RateLimitedError,
+    "service_unavailable": ServiceUnavailableError,
 }
 
+ERRORS_BY_CODE: Mapping[str, type[APIError]] = MappingProxyType(_BY_CODE)
+"""The server's problem codes the SDK raises a specific error for (read-only)."""
+
 _BY_STATUS: dict[int, type[APIError]] = {
-    401: Unauthorized,
-    404: NotFound,
-    409: RequestInProgress,
-    413: PayloadTooLarge,
-    422: ValidationFailed,
-    429: RateLimited,
-    503: ServiceUnavailable,
+    401: UnauthorizedError,
+    404: NotFoundError,
+    408: RequestTimeoutError,
+    409: RequestInProgressError,
+    413: PayloadTooLargeError,
+    422: ValidationFailedError,
+    429: RateLimitedError,
+    503: ServiceUnavailableError,
 }
 
 
@@ -265,3 +319,23 @@ def error_from_response(status: int, headers: Mapping[str, str], body: object) -
         detail=detail,
         body=body,
     )
+
+
+# Deprecated names (the same class objects), kept for one release.
+IdempotencyKeyMissing = IdempotencyKeyMissingError
+IdempotencyKeyInvalid = IdempotencyKeyInvalidError
+Unauthorized = UnauthorizedError
+NotFound = NotFoundError
+RequestInProgress = RequestInProgressError
+TransactionAborted = TransactionAbortedError
+RequestExpired = RequestExpiredError
+PayloadTooLarge = PayloadTooLargeError
+IdempotencyKeyReused = IdempotencyKeyReusedError
+ValidationFailed = ValidationFailedError
+PanNotAllowed = PanNotAllowedError
+NotReversible = NotReversibleError
+RateLimited = RateLimitedError
+ServiceUnavailable = ServiceUnavailableError
+PaymentAborted = PaymentAbortedError
+PaymentInDoubt = PaymentInDoubtError
+InvalidTransition = InvalidTransitionError

@@ -11,7 +11,7 @@ storage failure surfaces as ``JournalError``.
 
 Any non-terminal state may move to any other non-terminal state except back to PENDING,
 or to a terminal state. RESOLVED and ABORTED are final: a transition out of them raises
-``InvalidTransition`` (carrying the final entry). ``attempts`` never decreases.
+``InvalidTransitionError`` (carrying the final entry). ``attempts`` never decreases.
 
 **The driver's lease.** One driver per key across threads, clients and processes sharing
 the file: ``begin`` writes the entry already leased to its driver, ``claim`` takes an
@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from ._exceptions import InvalidTransition, JournalError
+from ._exceptions import InvalidTransitionError, JournalError
 from ._journal_file import check_identity, open_database
 from ._models import JournalState
 
@@ -63,6 +63,7 @@ class JournalEntry:
 
     @property
     def request(self) -> dict[str, Any]:
+        """The journaled request body, parsed (what is sent, and resent, under ``key``)."""
         parsed: dict[str, Any] = json.loads(self.request_json)
         return parsed
 
@@ -113,7 +114,10 @@ def owner_alive(owner: str) -> bool:
 
 
 class Journal:
-    """A SQLite journal file. One instance per process; safe to share between threads."""
+    """A SQLite journal file. One instance per process; safe to share between threads
+    and between clients (pass it as ``Client(..., journal=journal)``; the caller closes
+    it). Opening checks the file's integrity and schema (``JournalError`` if it is not a
+    journal). Storage failures raise ``JournalError``."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -193,7 +197,7 @@ class Journal:
         attempts: int | None = None,
         outcome: Mapping[str, Any] | None = None,
     ) -> JournalEntry:
-        """Move ``key`` to ``state`` atomically; InvalidTransition out of a final state."""
+        """Move ``key`` to ``state`` atomically; InvalidTransitionError out of a final state."""
         with self._open(), self._transaction():
             entry = self._get(key)
             if entry is None:
@@ -215,6 +219,7 @@ class Journal:
         return updated
 
     def get(self, key: str) -> JournalEntry | None:
+        """The entry for ``key``, or None."""
         with self._open():
             return self._get(key)
 
@@ -223,9 +228,11 @@ class Journal:
         return self._select("WHERE state NOT IN ('RESOLVED', 'ABORTED')")
 
     def entries(self) -> list[JournalEntry]:
+        """Every entry, whatever its state, oldest first."""
         return self._select("")
 
     def close(self) -> None:
+        """Close the database connection."""
         with self._lock:
             self._db.close()
 
@@ -280,10 +287,10 @@ def _dump(value: Mapping[str, Any] | None) -> str | None:
 
 def _check(entry: JournalEntry, state: JournalState, attempts: int | None) -> None:
     if entry.state.is_terminal:
-        raise InvalidTransition(
+        raise InvalidTransitionError(
             f"{entry.key}: {entry.state} is final, cannot become {state}", entry=entry
         )
     if state is JournalState.PENDING:
-        raise InvalidTransition(f"{entry.key}: cannot go back to PENDING")
+        raise InvalidTransitionError(f"{entry.key}: cannot go back to PENDING")
     if attempts is not None and attempts < entry.attempts:
-        raise InvalidTransition(f"{entry.key}: attempts cannot decrease")
+        raise InvalidTransitionError(f"{entry.key}: attempts cannot decrease")

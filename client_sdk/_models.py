@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 TransactionStatus = Literal["approved", "declined", "reversed"]
+"""A processed transaction's ``status``."""
 _STATUSES: frozenset[str] = frozenset({"approved", "declined", "reversed"})
 
 
@@ -37,6 +38,7 @@ class JournalState(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
+        """True for RESOLVED and ABORTED: the entry is final."""
         return self in (JournalState.RESOLVED, JournalState.ABORTED)
 
 
@@ -49,6 +51,7 @@ class Card:
     brand: str
 
     def to_json(self) -> dict[str, str]:
+        """The ``card`` object of the create request."""
         return {"token": self.token, "last4": self.last4, "brand": self.brand}
 
 
@@ -96,7 +99,11 @@ def _int(body: Mapping[str, object], name: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Transaction:
-    """A processed transaction; ``id`` is its idempotency key."""
+    """A processed transaction, as the server returned it; ``id`` is its idempotency key.
+
+    ``status`` is ``"approved"`` (``authorization_code`` set), ``"declined"``
+    (``decline_reason`` set) or ``"reversed"`` (``reversed_at`` set); ``amount`` is in
+    minor units of ``currency``; ``type`` is ``"purchase"`` or ``"refund"``."""
 
     id: str
     status: TransactionStatus
@@ -114,6 +121,7 @@ class Transaction:
 
     @property
     def approved(self) -> bool:
+        """True when ``status`` is ``"approved"``."""
         return self.status == "approved"
 
     @classmethod
@@ -163,7 +171,11 @@ class Fenced:
 
 @dataclass(frozen=True, slots=True)
 class Recovered:
-    """What ``recover()`` did with one journal entry."""
+    """What ``recover()`` did with one journal entry: the ``state`` it ended in
+    (RESOLVED, ABORTED, or still IN_DOUBT), the ``transaction`` when the server processed
+    it, and the ``error`` that explains any other ending — a ``PaymentAbortedError`` for a
+    fenced key, the server's rejection, or what kept it in doubt (None when it settled
+    with a transaction)."""
 
     key: str
     state: JournalState

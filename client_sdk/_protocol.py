@@ -15,7 +15,7 @@ What a 404 lookup ("the server does not know the key") leads to is the run's
 - ``fence``  — ``recover()``: no customer is waiting, so never sell; abort now.
 
 Whatever goes wrong after a request may have left — a journal failure, any exception —
-ends in ``PaymentInDoubt`` (with the result when one is known), never a raw error.
+ends in ``PaymentInDoubtError`` (with the result when one is known), never a raw error.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from ._exceptions import (
     APIError,
     IdempayError,
     JournalError,
-    PaymentAborted,
-    PaymentInDoubt,
+    PaymentAbortedError,
+    PaymentInDoubtError,
 )
 from ._journal import JournalEntry
 from ._models import JournalState, Recovered, Transaction
@@ -105,7 +105,7 @@ def recover_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | No
     )
     try:
         transaction = yield from _driven(run, owner, steps)
-    except PaymentAborted as exc:
+    except PaymentAbortedError as exc:
         return Recovered(key, JournalState.ABORTED, None, exc)
     except APIError as exc:  # settled by another driver with a rejection
         return Recovered(key, JournalState.RESOLVED, None, exc)
@@ -201,7 +201,7 @@ def _as_error(exc: Exception, key: str) -> IdempayError:
     """Anything unexpected after a payment was journaled leaves it in doubt."""
     if isinstance(exc, IdempayError):
         return exc
-    doubt = PaymentInDoubt(
+    doubt = PaymentInDoubtError(
         f"payment {key}: {type(exc).__name__}: {exc}; the journal keeps it for recover()",
         key=key,
     )

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ._exceptions import PanNotAllowed
+from ._exceptions import PanNotAllowedError
 from ._models import Card
 
 __all__ = ["build_body", "contains_pan", "iso_utc"]
@@ -95,7 +95,7 @@ def build_body(
     if metadata is not None:
         body["metadata"] = dict(metadata)
     if contains_pan(body) or contains_pan(metadata, check_ints=True):
-        raise PanNotAllowed(
+        raise PanNotAllowedError(
             "pan_not_allowed: the request carries something that looks like a card number",
             code="pan_not_allowed",
             detail="card data must be tokenized; nothing was journaled or sent",

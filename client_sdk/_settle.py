@@ -11,8 +11,8 @@ from ._effects import Steps
 from ._exceptions import (
     APIError,
     IdempayError,
-    PaymentAborted,
-    PaymentInDoubt,
+    PaymentAbortedError,
+    PaymentInDoubtError,
     error_from_response,
 )
 from ._journal import JournalEntry
@@ -28,7 +28,7 @@ def _timeout(run: Run, remaining: float, tries: int) -> float:
 
 
 def fence(run: Run, *, cause: IdempayError | None) -> Steps[Transaction]:
-    """Abort the key: fenced → PaymentAborted; processed → its result; else in doubt.
+    """Abort the key: fenced → PaymentAbortedError; processed → its result; else in doubt.
     The abort is sent at least once, whatever ``abort_grace_s``."""
     ctx = run.ctx
     if run.state is not JournalState.IN_DOUBT:
@@ -52,12 +52,12 @@ def fence(run: Run, *, cause: IdempayError | None) -> Steps[Transaction]:
         yield from run.wait(action.retry_after, grace_end)
     if not run.maybe_sent:
         yield from run.record(JournalState.ABORTED, outcome={"kind": "not_sent"})
-        raise PaymentAborted(
+        raise PaymentAbortedError(
             f"payment {run.key} was never sent and the deadline passed",
             key=run.key,
             reason="not_sent",
         )
-    raise PaymentInDoubt(
+    raise PaymentInDoubtError(
         f"payment {run.key}: no definitive answer, not even from abort; "
         "the journal keeps it for recover()",
         key=run.key,
@@ -91,7 +91,7 @@ def _reverse(run: Run, approval: Finish) -> Steps[Transaction]:
             JournalState.RESOLVED, outcome=_outcome(final), result=final.transaction
         )
         return final.transaction
-    raise PaymentInDoubt(
+    raise PaymentInDoubtError(
         f"payment {run.key} was approved after the deadline and its reversal is not "
         "confirmed; the journal keeps it for recover()",
         key=run.key,
@@ -106,7 +106,7 @@ def fenced(run: Run, action: Fence) -> Steps[NoReturn]:
         result=Fenced(id=run.key, status=action.reason),
     )
     rejection = run.rejection
-    error = PaymentAborted(
+    error = PaymentAbortedError(
         f"payment {run.key} was {action.reason}: never charged"
         + (f" (a later attempt was rejected: {rejection})" if rejection else ""),
         key=run.key,
@@ -132,7 +132,7 @@ def settled_outcome(entry: JournalEntry) -> Transaction:
         return Transaction.from_json(outcome.get("body"))
     if entry.state is JournalState.ABORTED:
         reason = outcome.get("reason") if kind == "fenced" else "not_sent"
-        raise PaymentAborted(
+        raise PaymentAbortedError(
             f"payment {entry.key} was settled by another driver: {reason}",
             key=entry.key,
             reason=cast(Literal["aborted", "expired", "not_sent"], reason or "aborted"),
@@ -142,7 +142,7 @@ def settled_outcome(entry: JournalEntry) -> Transaction:
         status = outcome.get("status")
         body = {"code": outcome.get("code"), "detail": outcome.get("detail")}
         raise error_from_response(status if isinstance(status, int) else 400, {}, body)
-    raise PaymentInDoubt(
+    raise PaymentInDoubtError(
         f"payment {entry.key} was settled by another driver as {entry.state}", key=entry.key
     )
 

@@ -3,7 +3,7 @@
     python integration_terminal.py pay URL API_KEY JOURNAL [--gate]
     python integration_terminal.py recover URL API_KEY JOURNAL
 
-``--gate`` routes the payment through a ``FaultyTransport`` that delays every request
+``--gate`` routes the payment through a ``FaultTransport`` that delays every request
 for ten minutes *before* sending it, so the process can be killed with its journal entry
 written (SENT) and nothing on the wire. ``recover`` prints one JSON line per entry it
 settled: ``{"key", "state", "status"}``.
@@ -16,8 +16,8 @@ import sys
 
 import httpx
 
-from client_sdk import Client
-from client_sdk.faults import FaultyTransport
+from client_sdk import Client, RetryPolicy
+from client_sdk.faults import FaultTransport
 
 CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 GATE_S = 600.0
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     command, url, api_key, journal = argv[:4]
     transport: httpx.BaseTransport = httpx.HTTPTransport()
     if "--gate" in argv:
-        transport = FaultyTransport(transport, delay=1.0, delay_s=GATE_S)
+        transport = FaultTransport(transport, delay=1.0, delay_s=GATE_S)
     with Client(
         url,
         api_key,
@@ -35,8 +35,7 @@ def main(argv: list[str]) -> None:
         journal=journal,
         timeout=5.0,
         transport=transport,
-        base_backoff=0.02,
-        max_backoff=0.2,
+        retry=RetryPolicy(base=0.02, cap=0.2),
     ) as pos:
         if command == "pay":
             result = pos.purchase(amount=4200, currency="BRL", card=CARD, deadline_s=60)

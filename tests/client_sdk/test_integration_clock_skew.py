@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from integration_db import Merchant
 
-from client_sdk import Client, NotFound
+from client_sdk import Client, NotFoundError
 from tests.support.backend import Backend
 from tests.support.services import Server
 
@@ -79,7 +79,7 @@ def test_a_terminal_clock_ahead_sends_every_time_on_the_servers_clock(
         journal=tmp_path / "pos.db",
         clock=lambda: time.time() + 600.0,
     ) as pos:
-        with pytest.raises(NotFound):  # any answer teaches the SDK the server's clock
+        with pytest.raises(NotFoundError):  # any answer teaches the SDK the server's clock
             pos.lookup(str(uuid.uuid4()))
         first = pos.purchase(amount=500, currency="BRL", card=CARD)
         offset = pos.clock_offset_s
@@ -107,7 +107,7 @@ def test_a_terminal_clock_forty_days_behind_sells_once_it_has_heard_the_server(
         journal=tmp_path / "pos.db",
         clock=lambda: time.time() - 40 * 86_400.0,
     ) as pos:
-        with pytest.raises(NotFound):
+        with pytest.raises(NotFoundError):
             pos.lookup(str(uuid.uuid4()))
         paid = [pos.purchase(amount=700 + i, currency="BRL", card=CARD) for i in range(2)]
     assert [p.status for p in paid] == ["approved"] * 2

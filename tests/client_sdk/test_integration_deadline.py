@@ -6,7 +6,7 @@ Timeline (server: issuer takes 12 s, gives up waiting after 1.5 s; SDK: 1 s per 
 deadline 2.5 s): the original create is held in the network → the terminal times out,
 looks up (404) and resends with the same key → the server claims it and waits on the slow
 issuer → the terminal times out again, looks up (202) → deadline → abort (409 while the
-server works, then the fence) → ``PaymentAborted``. Then the original arrives: 410.
+server works, then the fence) → ``PaymentAbortedError``. Then the original arrives: 410.
 
 The server has a database of its own, and its issuer is far slower than the deadline
 (12 s vs 2.5 s): the test once failed because another module's server, sharing the session
@@ -26,7 +26,7 @@ from integration_db import Merchant, journal_entries, wait_for
 
 from api.config import Settings
 from api.transactions.issuer import derive_issuer_key
-from client_sdk import Client, JournalState, PaymentAborted
+from client_sdk import Client, JournalState, PaymentAbortedError, RetryPolicy
 from loadtest.chaos_proxy import ChaosProxy, ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
@@ -68,13 +68,12 @@ def test_a_deadline_shorter_than_the_issuer_aborts_and_the_late_original_is_refu
         terminal_id="T-DEADLINE",
         journal=journal,
         timeout=1.0,
-        base_backoff=0.02,
-        max_backoff=0.2,
+        retry=RetryPolicy(base=0.02, cap=0.2),
         abort_grace_s=30.0,
         send_expires_at=False,  # only the fence may stop the late original
     ) as pos:
         started = time.monotonic()
-        with pytest.raises(PaymentAborted) as caught:
+        with pytest.raises(PaymentAbortedError) as caught:
             pos.purchase(amount=9900, currency="BRL", card=SLOW_CARD, deadline_s=DEADLINE_S)
         elapsed = time.monotonic() - started
     key = caught.value.key

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from integration_db import Merchant, journal_entries
 
-from client_sdk import Client, JournalState
+from client_sdk import Client, JournalState, RetryPolicy
 from loadtest.chaos_proxy import ChaosProxy, ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
@@ -107,8 +107,7 @@ def test_a_later_attempt_refused_by_a_proxy_waits_for_the_original_in_flight(
         journal=tmp_path / "pos.db",
         transport=Rewriting({"refuse_create": 2}),  # the resend: 413 from a proxy
         timeout=1.0,
-        base_backoff=0.05,
-        max_backoff=0.3,
+        retry=RetryPolicy(base=0.05, cap=0.3),
     ) as pos:
         result = pos.purchase(amount=5555, currency="BRL", card=CARD, deadline_s=20)
     assert result.status == "approved"

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from client_sdk import (
-    IdempotencyKeyReused,
-    PanNotAllowed,
-    PayloadTooLarge,
-    Unauthorized,
-    ValidationFailed,
+    IdempotencyKeyReusedError,
+    PanNotAllowedError,
+    PayloadTooLargeError,
+    UnauthorizedError,
+    ValidationFailedError,
 )
 from client_sdk._actions import Fence, Finish, GiveUp, Phase, Reject, Retry, next_action
 from client_sdk._effects import HttpReply, NoReply, Reply
@@ -128,12 +128,12 @@ def test_fenced_keys_fence(phase: Phase, reply: HttpReply, reason: str, code: st
 @pytest.mark.parametrize(
     ("reply", "error_type"),
     [
-        (problem(400, "validation_error"), ValidationFailed),
-        (problem(401, "unauthorized"), Unauthorized),
+        (problem(400, "validation_error"), ValidationFailedError),
+        (problem(401, "unauthorized"), UnauthorizedError),
         (problem(404, "not_found"), Exception),
-        (problem(413, "payload_too_large"), PayloadTooLarge),
-        (problem(422, "idempotency_key_reused"), IdempotencyKeyReused),
-        (problem(422, "pan_not_allowed"), PanNotAllowed),
+        (problem(413, "payload_too_large"), PayloadTooLargeError),
+        (problem(422, "idempotency_key_reused"), IdempotencyKeyReusedError),
+        (problem(422, "pan_not_allowed"), PanNotAllowedError),
     ],
 )
 def test_client_errors_on_create_are_rejected_not_retried(

@@ -19,8 +19,8 @@ from client_sdk import (
     Journal,
     JournalError,
     JournalState,
-    PaymentAborted,
-    PaymentInDoubt,
+    PaymentAbortedError,
+    PaymentInDoubtError,
     Transaction,
 )
 
@@ -98,7 +98,7 @@ def test_an_answer_about_another_transaction_is_never_this_payments_result(
         return _transaction(key, {**request, "amount": 9_999_900, "currency": "USD"})
 
     client = make_client(transport=httpx.MockTransport(handle))
-    with pytest.raises(PaymentAborted) as caught:
+    with pytest.raises(PaymentAbortedError) as caught:
         client.purchase(amount=9_999_900, currency="USD", card=CARD, deadline_s=5)
     key = caught.value.key
     assert fake.keys[key].state == "aborted"  # the abort fenced it: definitive, not charged
@@ -148,7 +148,7 @@ def test_a_later_attempts_rejection_ends_aborted_not_rejected_when_nothing_arriv
         return fake.handle(request)
 
     client = make_client(transport=httpx.MockTransport(handle))
-    with pytest.raises(PaymentAborted) as caught:
+    with pytest.raises(PaymentAbortedError) as caught:
         _pay(client, "purchase", deadline_s=5)
     assert caught.value.code == "payload_too_large"
     assert fake.keys[caught.value.key].state == "aborted"
@@ -186,7 +186,7 @@ def test_a_journal_failure_after_the_201_is_in_doubt_carrying_the_result(
     """Issue 14 item 5: purchase() raised sqlite3.OperationalError after a 201; an app
     reading that as "failed" charges again under a new key."""
     journal = FailingJournal(journal_path, fail_on=JournalState.RESOLVED)
-    with pytest.raises(PaymentInDoubt) as caught:
+    with pytest.raises(PaymentInDoubtError) as caught:
         _pay(make_client(journal=journal), kind)
     result = caught.value.result
     assert isinstance(result, Transaction) and result.id == caught.value.key

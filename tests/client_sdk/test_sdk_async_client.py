@@ -11,9 +11,9 @@ from client_sdk import (
     AsyncClient,
     Fenced,
     JournalState,
-    NotFound,
-    PaymentAborted,
-    PaymentInDoubt,
+    NotFoundError,
+    PaymentAbortedError,
+    PaymentInDoubtError,
     Processing,
 )
 
@@ -52,7 +52,7 @@ async def test_async_deadline_fences_the_payment(
     fake.inject("create", *["lost_in_network"] * MANY)
     fake.inject("lookup", *["lost_in_network"] * MANY)
     async with make_async_client() as client:
-        with pytest.raises(PaymentAborted) as caught:
+        with pytest.raises(PaymentAbortedError) as caught:
             await client.purchase(amount=990, currency="BRL", card=CARD, deadline_s=8)
         entry = client.journal.get(caught.value.key)
     assert entry is not None and entry.state is JournalState.ABORTED
@@ -65,7 +65,7 @@ async def test_async_in_doubt_then_recover(
     fake.inject("lookup", *["lost_in_network"] * MANY)
     fake.inject("abort", *["lost_in_network"] * MANY)
     async with make_async_client() as client:
-        with pytest.raises(PaymentInDoubt) as caught:
+        with pytest.raises(PaymentInDoubtError) as caught:
             await client.purchase(
                 amount=990, currency="BRL", card=CARD, deadline_s=8, reverse_late_approval=True
             )
@@ -83,7 +83,7 @@ async def test_async_single_calls(make_async_client: MakeAsync, fake: FakeIdempa
         assert await client.abort(paid.id) == paid
         reversed_ = await client.reverse(paid.id)
         assert (reversed_.id, reversed_.status) == (paid.id, "reversed")
-        with pytest.raises(NotFound):
+        with pytest.raises(NotFoundError):
             await client.lookup("01a1ee56-5e00-7d97-86ac-d904da6cff77")
         fenced = await client.abort("01a1ee56-5e00-7d97-86ac-d904da6cff77")
         assert fenced == Fenced(id="01a1ee56-5e00-7d97-86ac-d904da6cff77", status="aborted")
@@ -97,7 +97,7 @@ async def test_async_lookup_reports_processing(
     fake.inject("lookup", *["lost_in_network"] * MANY)
     fake.inject("abort", *["lost_in_network"] * MANY)
     async with make_async_client() as client:
-        with pytest.raises(PaymentInDoubt) as caught:
+        with pytest.raises(PaymentInDoubtError) as caught:
             await client.purchase(amount=990, currency="BRL", card=CARD, deadline_s=3)
         fake.faults.clear()
         assert await client.lookup(caught.value.key) == Processing(caught.value.key, 1.0)

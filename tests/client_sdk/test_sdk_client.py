@@ -15,8 +15,8 @@ from fake_idempay import CARD, FakeClock, FakeIdempay
 from client_sdk import (
     Client,
     JournalState,
-    PaymentAborted,
-    Unauthorized,
+    PaymentAbortedError,
+    UnauthorizedError,
 )
 
 MakeClient = Callable[..., Client]
@@ -177,7 +177,7 @@ def test_client_errors_are_not_retried_and_end_the_journal_entry(
     make_client: MakeClient, fake: FakeIdempay
 ) -> None:
     client = make_client(api_key="sk_revoked")
-    with pytest.raises(Unauthorized) as caught:
+    with pytest.raises(UnauthorizedError) as caught:
         client.purchase(amount=1250, currency="BRL", card=CARD)
     assert (caught.value.code, caught.value.status) == ("unauthorized", 401)
     assert caught.value.request_id is not None and caught.value.request_id.startswith("req_")
@@ -197,7 +197,7 @@ def test_an_expired_request_is_a_definitive_abort(
 ) -> None:
     fake.inject("create", "expire")
     client = make_client()
-    with pytest.raises(PaymentAborted) as caught:
+    with pytest.raises(PaymentAbortedError) as caught:
         client.purchase(amount=1250, currency="BRL", card=CARD)
     assert (caught.value.reason, caught.value.code) == ("expired", "request_expired")
     assert state_of(client, caught.value.key) is JournalState.ABORTED

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client_sdk import APIError, Client, NotFound
+from client_sdk import APIError, Client, NotFoundError
 
 UNKNOWN = "01a1ee56-5e00-7d97-86ac-d904da6cff77"
 START = 1_795_000_000.0  # the terminal's clock at the start
@@ -65,7 +65,7 @@ def _client(world: World, tmp_path: Path) -> Client:
 def test_a_quick_round_trip_sets_the_server_clock_estimate(tmp_path: Path) -> None:
     world = World()
     with _client(world, tmp_path) as pos:
-        with pytest.raises(NotFound):
+        with pytest.raises(NotFoundError):
             pos.lookup(UNKNOWN)
         assert pos.clock_offset_s is not None
         assert abs(pos.clock_offset_s - SERVER_AHEAD_S) <= 1.0
@@ -75,7 +75,7 @@ def test_an_answer_held_for_seconds_is_not_a_clock_sample(tmp_path: Path) -> Non
     world = World()
     world.delay = 5.0
     with _client(world, tmp_path) as pos:
-        with pytest.raises(NotFound):
+        with pytest.raises(NotFoundError):
             pos.lookup(UNKNOWN)
         assert pos.clock_offset_s is None
 
@@ -83,7 +83,7 @@ def test_an_answer_held_for_seconds_is_not_a_clock_sample(tmp_path: Path) -> Non
 def test_expires_at_is_set_on_the_estimated_server_clock(tmp_path: Path) -> None:
     world = World()
     with _client(world, tmp_path) as pos:
-        with pytest.raises(NotFound):
+        with pytest.raises(NotFoundError):
             pos.lookup(UNKNOWN)
         with pytest.raises(APIError):  # the fake refuses the create: one attempt
             pos.purchase(

@@ -8,7 +8,13 @@ import httpx
 import pytest
 from fake_idempay import CARD, FakeClock, FakeIdempay
 
-from client_sdk import Client, JournalState, PaymentAborted, PaymentInDoubt
+from client_sdk import (
+    Client,
+    JournalState,
+    PaymentAbortedError,
+    PaymentInDoubtError,
+    RetryPolicy,
+)
 
 MakeClient = Callable[..., Client]
 MANY = 1000
@@ -27,7 +33,7 @@ def test_at_the_deadline_the_key_is_fenced_and_payment_aborted(
     fake.inject("create", *["lost_in_network"] * MANY)
     fake.inject("lookup", *["lost_in_network"] * MANY)
     client = make_client()
-    with pytest.raises(PaymentAborted) as caught:
+    with pytest.raises(PaymentAbortedError) as caught:
         client.purchase(amount=1250, currency="BRL", card=CARD, deadline_s=20)
     key = caught.value.key
     assert caught.value.reason == "aborted"
@@ -51,8 +57,8 @@ def test_no_create_or_lookup_is_sent_after_the_deadline(
 
     fake.inject("create", *["500"] * MANY)
     fake.inject("lookup", *["500"] * MANY)
-    client = make_client(transport=httpx.MockTransport(timed), max_backoff=3.0)
-    with pytest.raises(PaymentAborted):
+    client = make_client(transport=httpx.MockTransport(timed), retry=RetryPolicy(cap=3.0))
+    with pytest.raises(PaymentAbortedError):
         client.purchase(amount=1250, currency="BRL", card=CARD, deadline_s=15)
     before_abort = [t for path, t in sent_at if not path.endswith("/abort")]
     assert len(before_abort) > 5
@@ -132,7 +138,7 @@ def test_when_not_even_the_abort_gets_through_the_payment_is_in_doubt(
     fake.inject("lookup", *["lost_in_network"] * MANY)
     fake.inject("abort", *["lost_in_network"] * MANY)
     client = make_client()
-    with pytest.raises(PaymentInDoubt) as caught:
+    with pytest.raises(PaymentInDoubtError) as caught:
         client.purchase(amount=1250, currency="BRL", card=CARD, deadline_s=10)
     key = caught.value.key
     assert entry_state(client, key)[0] is JournalState.IN_DOUBT
@@ -151,7 +157,7 @@ def test_a_payment_that_never_left_the_terminal_aborts_without_doubt(
 ) -> None:
     fake.down = True  # every request fails to connect: nothing ever left
     client = make_client()
-    with pytest.raises(PaymentAborted) as caught:
+    with pytest.raises(PaymentAbortedError) as caught:
         client.purchase(amount=1250, currency="BRL", card=CARD, deadline_s=5)
     assert caught.value.reason == "not_sent"
     assert entry_state(client, caught.value.key) == (JournalState.ABORTED, {"kind": "not_sent"})
@@ -171,8 +177,10 @@ def test_request_timeouts_never_reach_past_the_deadline(
 
     fake.inject("create", *["lost_in_network"] * MANY)
     fake.inject("lookup", *["lost_in_network"] * MANY)
-    client = make_client(transport=httpx.MockTransport(spy), timeout=4.0, max_backoff=0.0)
-    with pytest.raises(PaymentAborted):
+    client = make_client(
+        transport=httpx.MockTransport(spy), timeout=4.0, retry=RetryPolicy(cap=0.0)
+    )
+    with pytest.raises(PaymentAbortedError):
         client.purchase(amount=1250, currency="BRL", card=CARD, deadline_s=6)
     assert timeouts[:3] == [4.0, 3.5, 1.0]  # 6 s budget: 4, then 6-2.5, then 6-5
 

@@ -23,7 +23,7 @@ def test_a_driver_that_finds_its_key_settled_by_another_returns_that_outcome(
     make_client: MakeClient, fake: FakeIdempay, journal_path: Path
 ) -> None:
     """Item 1: another driver (another Client or process on the journal) resolved the key
-    first; this driver's final write raised InvalidTransition — "failed" for an approval."""
+    first; this driver's final write raised InvalidTransitionError — "failed" for an approval."""
     other = Journal(journal_path)
 
     def handle(request: httpx.Request) -> httpx.Response:

@@ -8,39 +8,39 @@ import client_sdk
 from client_sdk import (
     APIError,
     IdempayError,
-    IdempotencyKeyInvalid,
-    IdempotencyKeyMissing,
-    IdempotencyKeyReused,
-    NotFound,
-    NotReversible,
-    PanNotAllowed,
-    PayloadTooLarge,
-    RateLimited,
-    RequestExpired,
-    RequestInProgress,
+    IdempotencyKeyInvalidError,
+    IdempotencyKeyMissingError,
+    IdempotencyKeyReusedError,
+    NotFoundError,
+    NotReversibleError,
+    PanNotAllowedError,
+    PayloadTooLargeError,
+    RateLimitedError,
+    RequestExpiredError,
+    RequestInProgressError,
     ServerError,
-    ServiceUnavailable,
-    TransactionAborted,
-    Unauthorized,
-    ValidationFailed,
+    ServiceUnavailableError,
+    TransactionAbortedError,
+    UnauthorizedError,
+    ValidationFailedError,
 )
 from client_sdk._exceptions import error_from_response
 
 SPEC_CODES = [
-    (400, "idempotency_key_missing", IdempotencyKeyMissing),
-    (400, "idempotency_key_invalid", IdempotencyKeyInvalid),
-    (401, "unauthorized", Unauthorized),
-    (404, "not_found", NotFound),
-    (409, "request_in_progress", RequestInProgress),
-    (410, "transaction_aborted", TransactionAborted),
-    (410, "request_expired", RequestExpired),
-    (413, "payload_too_large", PayloadTooLarge),
-    (422, "idempotency_key_reused", IdempotencyKeyReused),
-    (422, "validation_error", ValidationFailed),
-    (422, "pan_not_allowed", PanNotAllowed),
-    (422, "not_reversible", NotReversible),
-    (429, "rate_limited", RateLimited),
-    (503, "service_unavailable", ServiceUnavailable),
+    (400, "idempotency_key_missing", IdempotencyKeyMissingError),
+    (400, "idempotency_key_invalid", IdempotencyKeyInvalidError),
+    (401, "unauthorized", UnauthorizedError),
+    (404, "not_found", NotFoundError),
+    (409, "request_in_progress", RequestInProgressError),
+    (410, "transaction_aborted", TransactionAbortedError),
+    (410, "request_expired", RequestExpiredError),
+    (413, "payload_too_large", PayloadTooLargeError),
+    (422, "idempotency_key_reused", IdempotencyKeyReusedError),
+    (422, "validation_error", ValidationFailedError),
+    (422, "pan_not_allowed", PanNotAllowedError),
+    (422, "not_reversible", NotReversibleError),
+    (429, "rate_limited", RateLimitedError),
+    (503, "service_unavailable", ServiceUnavailableError),
 ]
 
 
@@ -71,12 +71,12 @@ def test_every_spec_code_maps_to_its_class_with_code_status_request_id_detail(
 @pytest.mark.parametrize(
     ("status", "error_type"),
     [
-        (401, Unauthorized),
-        (404, NotFound),
-        (429, RateLimited),
+        (401, UnauthorizedError),
+        (404, NotFoundError),
+        (429, RateLimitedError),
         (500, ServerError),
         (502, ServerError),
-        (503, ServiceUnavailable),
+        (503, ServiceUnavailableError),
         (418, APIError),
     ],
 )
@@ -90,13 +90,13 @@ def test_answers_without_a_known_code_fall_back_on_the_status(
 
 def test_unknown_codes_keep_the_code_on_a_status_based_class() -> None:
     error = error_from_response(422, {}, {"code": "something_new", "detail": "d"})
-    assert type(error) is ValidationFailed
+    assert type(error) is ValidationFailedError
     assert error.code == "something_new"
 
 
 def test_the_tree_is_rooted_at_idempay_error_and_pan_is_a_validation_failure() -> None:
-    assert issubclass(PanNotAllowed, ValidationFailed)
-    assert issubclass(ServiceUnavailable, ServerError)
+    assert issubclass(PanNotAllowedError, ValidationFailedError)
+    assert issubclass(ServiceUnavailableError, ServerError)
     for name in client_sdk.__all__:
         value = getattr(client_sdk, name)
         if isinstance(value, type) and issubclass(value, Exception):

@@ -16,10 +16,10 @@ from client_sdk import (
     AsyncClient,
     Client,
     JournalState,
-    PaymentAborted,
-    PaymentInDoubt,
+    PaymentAbortedError,
+    PaymentInDoubtError,
 )
-from client_sdk.faults import AsyncFaultyTransport, FaultyTransport
+from client_sdk.faults import AsyncFaultyTransport, FaultTransport, FaultyTransport
 
 
 def echo_server() -> tuple[list[str], httpx.MockTransport]:
@@ -50,7 +50,7 @@ def outcome(client: httpx.Client, path: str) -> str:
 def test_drops_before_or_after_the_server(option: str, errors: set[str], forwarded: bool) -> None:
     received, inner = echo_server()
     probabilities: dict[str, Any] = {option: 1.0}
-    faulty = FaultyTransport(inner, seed=1, **probabilities)
+    faulty = FaultTransport(inner, seed=1, **probabilities)
     with httpx.Client(transport=faulty, base_url="http://t") as client:
         seen = {outcome(client, f"/{i}") for i in range(40)}
     assert seen == errors
@@ -60,7 +60,7 @@ def test_drops_before_or_after_the_server(option: str, errors: set[str], forward
 
 def test_resets_happen_both_before_and_after_forwarding() -> None:
     received, inner = echo_server()
-    faulty = FaultyTransport(inner, seed=2, reset=1.0)
+    faulty = FaultTransport(inner, seed=2, reset=1.0)
     with httpx.Client(transport=faulty, base_url="http://t") as client:
         assert {outcome(client, "/r") for _ in range(60)} == {"ReadError"}
     stats = faulty.stats
@@ -71,7 +71,7 @@ def test_resets_happen_both_before_and_after_forwarding() -> None:
 def test_delays_sleep_then_pass() -> None:
     slept: list[float] = []
     received, inner = echo_server()
-    faulty = FaultyTransport(inner, seed=3, delay=1.0, delay_s=0.25, sleep=slept.append)
+    faulty = FaultTransport(inner, seed=3, delay=1.0, delay_s=0.25, sleep=slept.append)
     with httpx.Client(transport=faulty, base_url="http://t") as client:
         assert client.get("/d").json() == {"path": "/d"}
     assert slept == [0.25] and received == ["/d"]
@@ -80,7 +80,7 @@ def test_delays_sleep_then_pass() -> None:
 def test_a_seed_replays_the_same_faults_and_the_mix_matches_the_probabilities() -> None:
     def run(seed: int) -> tuple[list[str], dict[str, int]]:
         _, inner = echo_server()
-        faulty = FaultyTransport(
+        faulty = FaultTransport(
             inner,
             seed=seed,
             drop_request=0.1,
@@ -106,7 +106,7 @@ def test_a_seed_replays_the_same_faults_and_the_mix_matches_the_probabilities() 
 )
 def test_probabilities_are_validated(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        FaultyTransport(httpx.MockTransport(lambda r: httpx.Response(200)), **bad)
+        FaultTransport(httpx.MockTransport(lambda r: httpx.Response(200)), **bad)
 
 
 async def test_the_async_transport_injects_the_same_way() -> None:
@@ -116,11 +116,61 @@ async def test_the_async_transport_injects_the_same_way() -> None:
         received.append(request.url.path)
         return httpx.Response(200)
 
-    faulty = AsyncFaultyTransport(httpx.MockTransport(handler), seed=5, drop_response=1.0)
+    faulty = FaultTransport(httpx.MockTransport(handler), seed=5, drop_response=1.0)
     async with httpx.AsyncClient(transport=faulty, base_url="http://t") as client:
         with pytest.raises((httpx.ReadTimeout, httpx.RemoteProtocolError)):
             await client.get("/a")
     assert received == ["/a"] and faulty.stats["drop_response"] == 1
+
+
+def test_one_class_serves_both_modes_and_the_old_names_are_aliases() -> None:
+    assert FaultyTransport is FaultTransport and AsyncFaultyTransport is FaultTransport
+    assert issubclass(FaultTransport, httpx.BaseTransport)
+    assert issubclass(FaultTransport, httpx.AsyncBaseTransport)
+
+
+async def test_the_async_mode_awaits_an_async_sleep_and_accepts_a_plain_one() -> None:
+    slept: list[float] = []
+
+    async def async_sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    for sleep in (async_sleep, slept.append):
+        inner = httpx.MockTransport(lambda r: httpx.Response(200))
+        faulty = FaultTransport(inner, seed=1, delay=1.0, delay_s=0.5, sleep=sleep)
+        async with httpx.AsyncClient(transport=faulty, base_url="http://t") as client:
+            assert (await client.get("/a")).status_code == 200
+    assert slept == [0.5, 0.5]
+
+
+class SyncOnly(httpx.BaseTransport):
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200)
+
+
+class AsyncOnly(httpx.AsyncBaseTransport):
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200)
+
+
+async def _no_wait(seconds: float) -> None:
+    pass
+
+
+def test_a_sync_client_over_an_async_transport_or_sleep_is_told_so() -> None:
+    faulty = FaultTransport(AsyncOnly())
+    with httpx.Client(transport=faulty) as client, pytest.raises(TypeError, match="async"):
+        client.get("http://t/a")
+    delayed = FaultTransport(SyncOnly(), delay=1.0, sleep=_no_wait)
+    with httpx.Client(transport=delayed) as client, pytest.raises(TypeError, match="blocks"):
+        client.get("http://t/a")
+
+
+async def test_an_async_client_over_a_sync_transport_is_told_so() -> None:
+    faulty = FaultTransport(SyncOnly())
+    async with httpx.AsyncClient(transport=faulty) as client:
+        with pytest.raises(TypeError, match="sync transport"):
+            await client.get("http://t/a")
 
 
 def check_invariants(fake: FakeIdempay, client: Client, outcomes: dict[str, str]) -> None:
@@ -149,7 +199,7 @@ def test_under_random_faults_every_payment_is_processed_at_most_once(
     tmp_path_factory: pytest.TempPathFactory, seed: int, loss: float
 ) -> None:
     fake, clock = FakeIdempay(), FakeClock()
-    faulty = FaultyTransport(
+    faulty = FaultTransport(
         fake.transport(),
         seed=seed,
         drop_request=loss / 4,
@@ -182,9 +232,9 @@ def test_under_random_faults_every_payment_is_processed_at_most_once(
                     reverse_late_approval=i % 2 == 0,
                 )
                 outcomes[result.id] = result.status
-            except PaymentAborted as exc:
+            except PaymentAbortedError as exc:
                 outcomes[exc.key] = "aborted"
-            except PaymentInDoubt as exc:
+            except PaymentInDoubtError as exc:
                 outcomes[exc.key] = "in_doubt"
         assert len(outcomes) == 20
         check_invariants(fake, client, outcomes)
@@ -193,7 +243,7 @@ def test_under_random_faults_every_payment_is_processed_at_most_once(
 
 async def test_async_client_under_random_faults(tmp_path: Path) -> None:
     fake, clock = FakeIdempay(), FakeClock()
-    faulty = AsyncFaultyTransport(
+    faulty = FaultTransport(
         fake.transport(), seed=99, drop_request=0.1, drop_response=0.1, reset=0.1
     )
     async with AsyncClient(
@@ -210,7 +260,7 @@ async def test_async_client_under_random_faults(tmp_path: Path) -> None:
         for _ in range(30):
             try:
                 statuses.append((await client.purchase(amount=5, currency="BRL", card=CARD)).status)
-            except (PaymentAborted, PaymentInDoubt):
+            except (PaymentAbortedError, PaymentInDoubtError):
                 statuses.append("unfinished")
     assert all(n == 1 for n in fake.processed.values())
     assert statuses.count("approved") == len(fake.processed)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from client_sdk import InvalidTransition, Journal, JournalError, JournalState
+from client_sdk import InvalidTransitionError, Journal, JournalError, JournalState
 
 S = JournalState
 TERMINAL = [S.RESOLVED, S.ABORTED]
@@ -54,7 +54,7 @@ def test_terminal_states_are_final(tmp_path: Path, final: S, target: S) -> None:
     with Journal(tmp_path / "pos.db") as journal:
         _begin(journal)
         journal.transition("k1", final, outcome={"kind": "x"})
-        with pytest.raises(InvalidTransition):
+        with pytest.raises(InvalidTransitionError):
             journal.transition("k1", target)
         entry = journal.get("k1")
     assert entry is not None and entry.state is final
@@ -63,10 +63,10 @@ def test_terminal_states_are_final(tmp_path: Path, final: S, target: S) -> None:
 def test_no_entry_goes_back_to_pending_and_attempts_never_decrease(tmp_path: Path) -> None:
     with Journal(tmp_path / "pos.db") as journal:
         _begin(journal)
-        with pytest.raises(InvalidTransition):
+        with pytest.raises(InvalidTransitionError):
             journal.transition("k1", S.PENDING)
         journal.transition("k1", S.SENT, attempts=3)
-        with pytest.raises(InvalidTransition):
+        with pytest.raises(InvalidTransitionError):
             journal.transition("k1", S.SENT, attempts=2)
         entry = journal.get("k1")
     assert entry is not None and (entry.state, entry.attempts) == (S.SENT, 3)

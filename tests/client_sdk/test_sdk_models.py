@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from client_sdk import Card, CardSummary, PanNotAllowed, Transaction
+from client_sdk import Card, CardSummary, PanNotAllowedError, Transaction
 from client_sdk._models import card_from
 from client_sdk._request import build_body, contains_pan, iso_utc
 
@@ -150,7 +150,7 @@ def test_invalid_bodies_are_refused_before_anything_is_journaled(overrides: dict
     ],
 )
 def test_anything_that_looks_like_a_pan_is_refused_locally(overrides: dict[str, Any]) -> None:
-    with pytest.raises(PanNotAllowed) as caught:
+    with pytest.raises(PanNotAllowedError) as caught:
         _body(**overrides)
     assert caught.value.code == "pan_not_allowed"
 

@@ -11,7 +11,14 @@ import httpx
 import pytest
 from fake_idempay import API_KEY, CARD, FakeIdempay
 
-from client_sdk import AsyncClient, Client, JournalState, PaymentAborted, PaymentInDoubt
+from client_sdk import (
+    AsyncClient,
+    Client,
+    JournalState,
+    PaymentAbortedError,
+    PaymentInDoubtError,
+    RetryPolicy,
+)
 from loadtest.chaos_proxy import ChaosProxy
 
 
@@ -95,8 +102,7 @@ def test_payments_over_a_lossy_link_are_processed_exactly_once(
             terminal_id="T-7",
             journal=tmp_path / "pos.db",
             timeout=2.0,
-            base_backoff=0.01,
-            max_backoff=0.05,
+            retry=RetryPolicy(base=0.01, cap=0.05),
             abort_grace_s=2.0,
             seed=5,
         ) as client:
@@ -106,7 +112,7 @@ def test_payments_over_a_lossy_link_are_processed_exactly_once(
                         amount=100 + i, currency="BRL", card=CARD, deadline_s=5
                     )
                     outcomes[result.id] = result.status
-                except (PaymentAborted, PaymentInDoubt) as exc:
+                except (PaymentAbortedError, PaymentInDoubtError) as exc:
                     outcomes[exc.key] = type(exc).__name__
             recovered = client.recover()
             entries = client.journal.entries()

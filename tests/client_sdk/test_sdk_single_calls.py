@@ -11,9 +11,10 @@ from client_sdk import (
     APIConnectionError,
     Client,
     Fenced,
-    NotFound,
-    NotReversible,
-    TransactionAborted,
+    NotFoundError,
+    NotReversibleError,
+    RetryPolicy,
+    TransactionAbortedError,
 )
 
 MakeClient = Callable[..., Client]
@@ -36,10 +37,10 @@ def test_abort_fences_an_unknown_key_and_lookup_then_says_aborted(
     make_client: MakeClient,
 ) -> None:
     client = make_client()
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFoundError):
         client.lookup(UNKNOWN)
     assert client.abort(UNKNOWN) == Fenced(id=UNKNOWN, status="aborted")
-    with pytest.raises(TransactionAborted) as caught:
+    with pytest.raises(TransactionAbortedError) as caught:
         client.lookup(UNKNOWN)
     assert caught.value.status == 410
 
@@ -49,7 +50,7 @@ def test_declines_are_not_reversible(make_client: MakeClient) -> None:
     declined = client.purchase(
         amount=1, currency="BRL", card={**CARD, "token": "tok_decline_do_not_honor"}
     )
-    with pytest.raises(NotReversible) as caught:
+    with pytest.raises(NotReversibleError) as caught:
         client.reverse(declined.id)
     assert caught.value.code == "not_reversible"
 
@@ -57,9 +58,9 @@ def test_declines_are_not_reversible(make_client: MakeClient) -> None:
 def test_single_calls_retry_network_failures_and_5xx_a_bounded_number_of_times(
     make_client: MakeClient, fake: FakeIdempay, clock: FakeClock
 ) -> None:
-    client = make_client(max_retries=2)
+    client = make_client(retry=RetryPolicy(max_retries=2))
     fake.inject("lookup", "lost_in_network", "503")
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFoundError):
         client.lookup(UNKNOWN)
     assert len([w for w in fake.wire if w.endpoint == "lookup"]) == 3
     assert clock.sleeps[-1] == 2.0  # Retry-After of the 503

@@ -16,7 +16,13 @@ import httpx
 import pytest
 from fake_idempay import API_KEY, CARD, FakeClock, FakeIdempay
 
-from client_sdk import Client, JournalState, PaymentAborted, PaymentInDoubt
+from client_sdk import (
+    Client,
+    JournalState,
+    PaymentAbortedError,
+    PaymentInDoubtError,
+    RetryPolicy,
+)
 
 MakeClient = Callable[..., Client]
 STORM = 500  # far more requests than a payment of a few seconds can justify
@@ -49,7 +55,7 @@ def test_retry_after_zero_or_in_the_past_never_turns_retries_into_a_storm(
     6,969 requests in 2 s from one terminal."""
     seen: list[str] = []
     client = make_client(transport=_unavailable(retry_after, seen), abort_grace_s=2.0)
-    with pytest.raises(PaymentInDoubt):
+    with pytest.raises(PaymentInDoubtError):
         client.purchase(amount=100, currency="BRL", card=CARD, deadline_s=2)
     assert clock.sleeps and min(clock.sleeps) > 0
     assert len(seen) < STORM and seen[-1] == "POST"  # ended with its aborts
@@ -86,11 +92,10 @@ def test_a_wall_clock_stepped_back_does_not_keep_a_payment_retrying(
             journal=journal_path,
             transport=httpx.MockTransport(handle),
             clock=_wall(-3600.0, 2, calls),
-            base_backoff=0.01,
-            max_backoff=0.05,
+            retry=RetryPolicy(base=0.01, cap=0.05),
             abort_grace_s=0.2,
         ) as pos,
-        pytest.raises(PaymentInDoubt),
+        pytest.raises(PaymentInDoubtError),
     ):
         pos.purchase(amount=100, currency="BRL", card=CARD, deadline_s=0.5)
     assert len(sent) < STORM
@@ -145,7 +150,7 @@ def test_a_zero_abort_grace_still_sends_one_abort(
     fake.inject("create", "lost_in_network")
     fake.inject("lookup", *["lost_in_network"] * 200)
     client = make_client(abort_grace_s=0.0)
-    with pytest.raises(PaymentAborted) as caught:
+    with pytest.raises(PaymentAbortedError) as caught:
         client.purchase(amount=100, currency="BRL", card=CARD, deadline_s=2)
     assert len(fake.calls("abort")) == 1
     assert fake.keys[caught.value.key].state == "aborted"
