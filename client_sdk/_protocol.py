@@ -133,6 +133,12 @@ def drive(run: Run, *, start: Phase, free_pass: bool = False) -> Steps[Transacti
             return (yield from finish(run, action))
         if isinstance(action, Fence):
             yield from fenced(run, action)
+        if isinstance(action, Reject) and action.error.code == "clock_skew":
+            # Refused because the key's time is ahead of the server's clock — but a copy of
+            # this very attempt (a proxy's retry) would be accepted once the server's clock
+            # catches up: fence the key rather than trust the 422 (model check X2).
+            run.rejection = action.error
+            return (yield from fence(run, cause=action.error))
         if isinstance(action, Reject):
             if not earlier:
                 yield from rejected(run, action.error)

@@ -16,7 +16,17 @@ import httpx
 
 API_KEY = "sk_test_fake"
 CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
-FAULTS = ("drop_request", "lost_in_network", "drop_response", "expire", "409", "429", "500", "503")
+FAULTS = (
+    "drop_request",
+    "lost_in_network",
+    "drop_response",
+    "expire",
+    "clock_skew",
+    "409",
+    "429",
+    "500",
+    "503",
+)
 
 
 @dataclass
@@ -95,6 +105,8 @@ class FakeIdempay:
         if mode == "expire":  # expires_at had passed on arrival: the key is fenced
             self.keys[request.headers["idempotency-key"]] = KeyRecord("expired", "")
             return _problem(410, "request_expired", status_header="expired")
+        if mode == "clock_skew":  # the key's time is too far ahead: refused, nothing stored
+            return _problem(422, "clock_skew")
         if mode in ("409", "429", "500", "503"):
             return _canned(int(mode))
         response = self._serve(endpoint, request, body)
