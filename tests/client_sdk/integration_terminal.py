@@ -5,7 +5,9 @@
 
 ``--gate`` routes the payment through a ``FaultTransport`` that delays every request
 for ten minutes *before* sending it, so the process can be killed with its journal entry
-written (SENT) and nothing on the wire. ``recover`` prints one JSON line per entry it
+written (SENT) and nothing on the wire. Only the payment's requests: the clock check the
+SDK makes before its first payment (``GET /healthz``) passes, else the entry would never
+be written. ``recover`` prints one JSON line per entry it
 settled: ``{"key", "state", "status"}``.
 """
 
@@ -23,11 +25,27 @@ CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 GATE_S = 600.0
 
 
+class Gate(httpx.BaseTransport):
+    """Holds every request but the clock check for ``GATE_S`` before sending it."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self._inner = inner
+        self._held = FaultTransport(inner, delay=1.0, delay_s=GATE_S)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":
+            return self._inner.handle_request(request)
+        return self._held.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 def main(argv: list[str]) -> None:
     command, url, api_key, journal = argv[:4]
     transport: httpx.BaseTransport = httpx.HTTPTransport()
     if "--gate" in argv:
-        transport = FaultTransport(transport, delay=1.0, delay_s=GATE_S)
+        transport = Gate(transport)
     with Client(
         url,
         api_key,

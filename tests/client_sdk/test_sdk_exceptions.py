@@ -7,6 +7,7 @@ import pytest
 import client_sdk
 from client_sdk import (
     APIError,
+    ClockSkewError,
     IdempayError,
     IdempotencyKeyInvalidError,
     IdempotencyKeyMissingError,
@@ -18,6 +19,7 @@ from client_sdk import (
     RateLimitedError,
     RequestExpiredError,
     RequestInProgressError,
+    RequestTimeoutError,
     ServerError,
     ServiceUnavailableError,
     TransactionAbortedError,
@@ -31,6 +33,7 @@ SPEC_CODES = [
     (400, "idempotency_key_invalid", IdempotencyKeyInvalidError),
     (401, "unauthorized", UnauthorizedError),
     (404, "not_found", NotFoundError),
+    (408, "request_timeout", RequestTimeoutError),
     (409, "request_in_progress", RequestInProgressError),
     (410, "transaction_aborted", TransactionAbortedError),
     (410, "request_expired", RequestExpiredError),
@@ -38,6 +41,7 @@ SPEC_CODES = [
     (422, "idempotency_key_reused", IdempotencyKeyReusedError),
     (422, "validation_error", ValidationFailedError),
     (422, "pan_not_allowed", PanNotAllowedError),
+    (422, "clock_skew", ClockSkewError),
     (422, "not_reversible", NotReversibleError),
     (429, "rate_limited", RateLimitedError),
     (503, "service_unavailable", ServiceUnavailableError),
@@ -73,6 +77,7 @@ def test_every_spec_code_maps_to_its_class_with_code_status_request_id_detail(
     [
         (401, UnauthorizedError),
         (404, NotFoundError),
+        (408, RequestTimeoutError),
         (429, RateLimitedError),
         (500, ServerError),
         (502, ServerError),
@@ -96,6 +101,7 @@ def test_unknown_codes_keep_the_code_on_a_status_based_class() -> None:
 
 def test_the_tree_is_rooted_at_idempay_error_and_pan_is_a_validation_failure() -> None:
     assert issubclass(PanNotAllowedError, ValidationFailedError)
+    assert issubclass(ClockSkewError, ValidationFailedError)
     assert issubclass(ServiceUnavailableError, ServerError)
     for name in client_sdk.__all__:
         value = getattr(client_sdk, name)
@@ -110,3 +116,41 @@ def test_the_module_docstring_draws_every_exception_class() -> None:
     for name in _exceptions.__all__:
         if isinstance(getattr(_exceptions, name), type):
             assert name in doc, name
+
+
+DEPRECATED = [
+    "IdempotencyKeyMissing",
+    "IdempotencyKeyInvalid",
+    "Unauthorized",
+    "NotFound",
+    "RequestInProgress",
+    "TransactionAborted",
+    "RequestExpired",
+    "PayloadTooLarge",
+    "IdempotencyKeyReused",
+    "ValidationFailed",
+    "PanNotAllowed",
+    "NotReversible",
+    "RateLimited",
+    "ServiceUnavailable",
+    "PaymentAborted",
+    "PaymentInDoubt",
+    "InvalidTransition",
+]
+
+
+@pytest.mark.parametrize("old", DEPRECATED)
+def test_the_old_names_are_the_same_classes_for_one_release(old: str) -> None:
+    from client_sdk import _exceptions
+
+    new = getattr(client_sdk, f"{old}Error")
+    assert getattr(client_sdk, old) is new
+    assert old in client_sdk.__all__ and f"{old}Error" in client_sdk.__all__
+    assert f"``{old}``" in (_exceptions.__doc__ or "")
+
+
+def test_an_old_name_still_catches_what_the_sdk_raises() -> None:
+    error = error_from_response(404, {}, {"code": "not_found"})
+    with pytest.raises(client_sdk.NotFound):
+        raise error
+    assert type(error).__name__ == "NotFoundError"

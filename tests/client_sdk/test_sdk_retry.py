@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,27 @@ def test_policy_prefers_retry_after_clamped_and_falls_back_to_backoff() -> None:
     assert policy.wait(1, 2.0, rng) == 2.0
     assert policy.wait(1, 3600.0, rng) == 60.0
     assert 0.0 <= policy.wait(3, None, rng) <= 0.4
+
+
+@pytest.mark.parametrize(
+    ("settings", "name"),
+    [
+        ({"base": -0.1}, "base"),
+        ({"base": float("nan")}, "base"),
+        ({"cap": float("inf")}, "cap"),
+        ({"cap": 601.0}, "cap"),
+        ({"max_retry_after": -1.0}, "max_retry_after"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"max_retries": 2.0}, "max_retries"),
+        ({"max_retries": True}, "max_retries"),
+    ],
+)
+def test_policy_settings_are_validated(settings: dict[str, Any], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        RetryPolicy(**settings)
+
+
+def test_policy_is_frozen_and_compares_by_value() -> None:
+    assert RetryPolicy(base=0.2) == RetryPolicy(base=0.2)
+    with pytest.raises(AttributeError):
+        RetryPolicy().base = 1.0  # type: ignore[misc]
