@@ -329,20 +329,7 @@ class AsyncClient(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
-        """Sell: charge ``amount`` (minor units of ``currency``, e.g. 1250 BRL = R$ 12.50)
-        to ``card`` (a ``Card`` or a ``{"token", "last4", "brand"}`` mapping), exactly once.
-
-        The key is minted and the request journaled before the first byte leaves; a lost
-        answer is resolved by key (lookup, resend with the same key), and at
-        ``deadline_s`` the key is aborted. With ``reverse_late_approval`` an approval
-        that lands after the deadline is reversed (the customer has left).
-
-        Returns the ``Transaction`` (``status`` ``"approved"`` or ``"declined"``). Raises
-        ``PaymentAbortedError`` (definitive: never charged), ``PaymentInDoubtError`` (no
-        definitive answer could be recorded; ``recover()`` settles it later), an
-        ``APIError`` subclass for a request the server refused (e.g.
-        ``ValidationFailedError``), ``ValueError`` for a bad argument.
-        """
+        """``Client.purchase``, awaited: the same guarantees, result and errors."""
         check_deadline(deadline_s)
         await self._learn_clock()
         _, steps = self._payment(
@@ -370,8 +357,7 @@ class AsyncClient(BaseClient):
         captured_at: datetime | None = None,
         reverse_late_approval: bool = False,
     ) -> Transaction:
-        """Refund ``amount`` to ``card``: the same guarantees, arguments, result and
-        errors as ``purchase``."""
+        """``Client.refund``, awaited: the same guarantees, result and errors."""
         check_deadline(deadline_s)
         await self._learn_clock()
         _, steps = self._payment(
@@ -388,28 +374,19 @@ class AsyncClient(BaseClient):
         return await self._run(steps)
 
     async def lookup(self, id: str) -> Transaction | Processing:
-        """The server's answer for key ``id``: the ``Transaction``, or ``Processing``
-        while it is still being worked on. Raises ``NotFoundError`` (nothing under the
-        key), ``TransactionAbortedError`` / ``RequestExpiredError`` (fenced),
-        ``APIConnectionError`` after ``retry.max_retries`` retries without an answer."""
+        """``Client.lookup``, awaited."""
         return await self._run(lookup(self._ctx, id, max_retries=self.retry.max_retries))
 
     async def abort(self, id: str) -> Transaction | Fenced:
-        """Fence key ``id`` so it is never processed: ``Fenced`` if it was not, else
-        the ``Transaction`` it already produced (abort never undoes a processed payment;
-        see ``reverse``). Raises an ``APIError`` subclass or ``APIConnectionError``."""
+        """``Client.abort``, awaited."""
         return await self._run(abort(self._ctx, id, max_retries=self.retry.max_retries))
 
     async def reverse(self, id: str) -> Transaction:
-        """Undo the approved transaction under key ``id``; returns it as ``reversed``.
-        Raises ``NotReversibleError`` (declined or aborted), ``NotFoundError``, or
-        ``APIConnectionError``."""
+        """``Client.reverse``, awaited."""
         return await self._run(reverse(self._ctx, id, max_retries=self.retry.max_retries))
 
     async def recover(self) -> list[Recovered]:
-        """Settle every unfinished journal entry no other driver holds (never sells):
-        look each key up, fence with abort what the server does not know, and report one
-        ``Recovered`` per entry; one bad entry does not stop the others. Call on boot."""
+        """``Client.recover``, awaited: settles the journal, never sells."""
         return await self._run(self._recovery())
 
     async def close(self) -> None:
