@@ -187,8 +187,10 @@ class PanNotAllowedError(ValidationFailedError):
 
 
 class ClockSkewError(ValidationFailedError):
-    """``captured_at`` (or ``expires_at``) is further ahead of the server's clock than it
-    tolerates; nothing was processed."""
+    """``captured_at`` (or the key's time) is further ahead of the server's clock than it
+    tolerates; nothing was processed. A payment does not report it as such: it fences the
+    key first (a copy of the attempt would be accepted once the server's clock catches up)
+    and raises ``PaymentAbortedError`` with ``code == "clock_skew"``."""
 
 
 class NotReversibleError(APIError):

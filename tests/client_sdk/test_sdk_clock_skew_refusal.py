@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from fake_idempay import CARD, FakeIdempay
 
-from client_sdk import Client, JournalState, PaymentAborted
+from client_sdk import Client, JournalState, PaymentAbortedError
 
 
 def test_a_clock_skew_refusal_fences_the_key_before_reporting(
@@ -18,7 +18,7 @@ def test_a_clock_skew_refusal_fences_the_key_before_reporting(
 ) -> None:
     fake.inject("create", "clock_skew")
     client = make_client()
-    with pytest.raises(PaymentAborted) as caught:
+    with pytest.raises(PaymentAbortedError) as caught:
         client.purchase(amount=1250, currency="BRL", card=CARD, deadline_s=30)
     assert caught.value.code == "clock_skew"
     assert [s.endpoint for s in fake.seen] == ["create", "abort"]
