@@ -30,6 +30,7 @@ TITLES: dict[str, str] = {
     "request_timeout": "The request was not received in time; nothing was processed",
     "request_headers_too_large": "Request headers too large",
     "malformed_request": "Malformed HTTP request",
+    "http_error": "HTTP error",
 }
 
 

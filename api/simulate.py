@@ -261,7 +261,8 @@ class Terminal:
         card streams repeat), an amount and a card."""
         card = _card(self._rng, self.config)
         amount = self._rng.randint(100, 50_000)
-        return Sale(f"{self.client.terminal_id}:{uuid.uuid4()}", amount, card)  # a UUID is never a PAN
+        # a canonical UUID is never taken for a card number (hex digit runs can pass Luhn)
+        return Sale(f"{self.client.terminal_id}:{uuid.uuid4()}", amount, card)
 
     def sell(self, sale: Sale | None = None) -> tuple[str, str]:
         """One purchase (``sale``, or the next one): (key, approved | declined | aborted |

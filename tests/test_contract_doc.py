@@ -19,6 +19,7 @@ _TRANSPORT_CODES = {
     "internal_error",
     "request_headers_too_large",
     "malformed_request",
+    "http_error",
 }
 
 

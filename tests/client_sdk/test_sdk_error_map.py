@@ -36,6 +36,12 @@ GENERIC: dict[str, tuple[int, type[APIError], str]] = {
         APIError,
         "the SDK's headers are few and of fixed size: only a middlebox adding headers produces it",
     ),
+    "http_error": (
+        400,
+        APIError,
+        "Starlette's fallback for an HTTP error no route raises (a 4xx of the HTTP layer): "
+        "like malformed_request, only a broken middlebox produces it",
+    ),
     "internal_error": (
         500,
         ServerError,
