@@ -203,7 +203,10 @@ def _answer(jobs: list[Any], results: list[Any]) -> None:
     for (_job, loop, future), result in zip(jobs, results, strict=True):
         by_loop.setdefault(loop, []).append((future, result))
     for loop, answers in by_loop.items():
-        loop.call_soon_threadsafe(_resolve, answers)
+        try:
+            loop.call_soon_threadsafe(_resolve, answers)
+        except RuntimeError:  # that loop is closed: nobody is waiting; keep serving the rest
+            continue
 
 
 def _resolve(answers: list[tuple[Any, Any]]) -> None:
