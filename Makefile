@@ -27,6 +27,7 @@ demo: $(STAMP)
 test: $(STAMP) services tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -p no:cacheprovider
 
 # The edit loop's lane: no servers, Spark, browser, model or chaos (markers set in tests/conftest.py).
@@ -38,6 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP) services
 	$(BIN)/python -m loadtest.bench
@@ -49,7 +51,7 @@ loadtest: $(STAMP) services
 CHAOS_SEED ?= 7
 CHAOS_DURATION ?= 300
 chaos: $(STAMP)
-	$(BIN)/python -m loadtest.chaos --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) --report docs/reliability.md
+	$(BIN)/python -m idempay_tools.chaos --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) --report docs/reliability.md
 
 verify:
 	./scripts/verify.sh

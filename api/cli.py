@@ -1,23 +1,70 @@
-"""``idempay``: one entry point to everything (SPEC §6)."""
+"""The server's commands (SPEC §6): ``serve``, ``migrate``, ``admin …``, ``relay``,
+``completer``, ``purge`` and ``export`` — what the server image runs (``python -m api …``).
+
+``idempay`` is ``idempay_tools.cli``, which mounts this app and adds the tooling
+(``simulate``, ``demo``, ``audit``, ``lake synth``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Annotated
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
-from api.cli_lake import audit_command, export_command, lake
 from api.config import Settings
 from api.logs import configure_logging
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="idempay command line.")
 admin = typer.Typer(no_args_is_help=True, help="Administration.")
 app.add_typer(admin, name="admin")
-app.command("export")(export_command)
-app.command("audit")(audit_command)
-app.add_typer(lake, name="lake")
+
+LakeOption = Annotated[Path, typer.Option("--lake", help="Lake root directory.")]
+
+
+def parse_day(value: str, option: str) -> date:
+    """A ``YYYY-MM-DD`` option, or a usage error naming ``option``."""
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"expected YYYY-MM-DD, got {value!r}", param_hint=option) from None
+
+
+@app.command("export")
+def export_command(
+    day: Annotated[str, typer.Option("--date", help="UTC day to export, YYYY-MM-DD.")],
+    lake_dir: LakeOption,
+) -> None:
+    """Write one UTC day of request events, transactions and ledger entries to the lake."""
+    from api.db import create_engine
+    from api.events.export import ExportRefusedError, export_day
+
+    settings = Settings()
+    when = parse_day(day, "--date")
+
+    def say_waiting(message: str) -> None:
+        typer.echo(message, err=True)
+
+    async def run() -> Any:
+        engine = create_engine(settings)
+        try:
+            return await export_day(engine, lake_dir, when, on_wait=say_waiting)
+        finally:
+            await engine.dispose()
+
+    try:
+        result = asyncio.run(run())
+    except ExportRefusedError as exc:
+        typer.echo(f"export refused: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for table, path in result.files.items():
+        kept = result.kept_from_lake.get(table, 0)
+        note = f" ({kept} kept from the lake, no longer in the database)" if kept else ""
+        typer.echo(f"{table}: {result.rows[table]} rows{note} → {path}")
+    typer.echo(f"request events marked exported: {result.marked}")
 
 
 def _prepare_multiprocess_metrics() -> None:
@@ -210,69 +257,6 @@ def revoke_key(
 
 
 @app.command()
-def simulate(
-    terminals: Annotated[int, typer.Option(min=1, help="Concurrent terminals.")] = 20,
-    payments: Annotated[int, typer.Option(min=1, help="Payments per terminal.")] = 100,
-    loss: Annotated[float, typer.Option(min=0.0, max=1.0, help="Link fault rate.")] = 0.035,
-    via_proxy: Annotated[
-        bool, typer.Option("--via-proxy", help="Faults from the chaos proxy, not the transport.")
-    ] = False,
-    kill_clients: Annotated[
-        bool, typer.Option("--kill-clients", help="SIGKILL some terminal processes mid-run.")
-    ] = False,
-    reboot_terminals: Annotated[
-        bool,
-        typer.Option(
-            "--reboot-terminals",
-            help="Terminals die mid-payment and reboot; the cashier re-runs the sale.",
-        ),
-    ] = False,
-    url: Annotated[str | None, typer.Option(help="A running server (default: start one).")] = None,
-    api_key: Annotated[str | None, typer.Option(help="API key for --url.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for faults, cards and jitter.")] = 1,
-    slow_share: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Share of tok_issuer_slow cards.")
-    ] = 0.0,
-    workdir: Annotated[
-        str | None, typer.Option(help="Where the journals go (default: a temp dir).")
-    ] = None,
-) -> None:
-    """A terminal fleet through the SDK on a lossy link, then the SPEC §8 invariants."""
-    from pathlib import Path
-
-    from rich.console import Console
-
-    from api.simulate import FleetConfig
-    from api.simulate_run import default_workdir, describe, render, run_simulation
-
-    if (url is None) != (api_key is None):
-        raise typer.BadParameter("--url and --api-key go together")
-    config = FleetConfig(
-        base_url=url or "",
-        api_key=api_key or "",
-        workdir=Path(workdir) if workdir else default_workdir(),
-        terminals=terminals,
-        payments=payments,
-        loss=loss,
-        via_proxy=via_proxy,
-        kill_clients=kill_clients,
-        reboot_terminals=reboot_terminals,
-        seed=seed,
-        slow_share=slow_share,
-    )
-    console = Console()
-    result, report = run_simulation(config, start=url is None, console=console)
-    console.print(describe(config, result), soft_wrap=True)
-    console.print(render(config, result, report))
-    for violation in report.violations:
-        console.print(f"[red]{violation.invariant}[/] {violation.key or ''} {violation.detail}")
-    if not report.ok:
-        console.print(f"[red]invariants failed: {', '.join(report.failed())}[/]")
-        raise typer.Exit(1)
-    console.print("[green]all invariants hold[/]")
-
-
-@app.command()
 def relay(
     once: Annotated[bool, typer.Option("--once", help="Publish one batch and exit.")] = False,
     metrics_port: Annotated[
@@ -359,30 +343,6 @@ def purge() -> None:
         )
 
     asyncio.run(run())
-
-
-@app.command()
-def demo(
-    terminals: Annotated[int, typer.Option(min=1, help="Concurrent terminals.")] = 10,
-    payments: Annotated[int, typer.Option(min=1, help="Payments per terminal.")] = 400,
-    loss: Annotated[float, typer.Option(min=0.0, max=1.0, help="Link fault rate.")] = 0.035,
-    workdir: Annotated[str, typer.Option(help="Where the demo writes.")] = "var/demo",
-) -> None:
-    """The main job end to end: server, fleet on a lossy link, export, audit, report."""
-    from pathlib import Path
-
-    from rich.console import Console
-
-    from api.demo import run_demo
-
-    if not run_demo(
-        workdir=Path(workdir),
-        terminals=terminals,
-        payments=payments,
-        loss=loss,
-        console=Console(),
-    ):
-        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """The chaos harness's terminals and its probe.
 
-Each terminal is its own process (``python -m loadtest._chaos_fleet SPEC``) running
-``api.simulate.Terminal`` — one ``client_sdk.Client`` with its own journal — through the
+Each terminal is its own process (``python -m idempay_tools._chaos_fleet SPEC``) running
+``idempay_tools.simulate.Terminal`` — one ``client_sdk.Client`` with its own journal — through the
 chaos proxy: on start it ``recover()``s what its journal holds in doubt (a reboot after a
 SIGKILL), then sells one payment after another until the harness's stop file appears,
 then settles its journal and exits. It prints one JSON line per payment the SDK reported
@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from api.simulate import FleetConfig, Terminal
-from loadtest._chaos_lake import ProbeCreate
+from idempay_tools._chaos_lake import ProbeCreate
+from idempay_tools.simulate import FleetConfig, Terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,7 +173,7 @@ class TerminalProcess:
         }
         with self._lock:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "loadtest._chaos_fleet", json.dumps(spec)],
+                [sys.executable, "-m", "idempay_tools._chaos_fleet", json.dumps(spec)],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 text=True,

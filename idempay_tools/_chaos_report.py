@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 
 if TYPE_CHECKING:
-    from api.invariants import InvariantReport
-    from loadtest._chaos_lake import LakeCheck
-    from loadtest._chaos_phases import NoisyNeighbour
-    from loadtest.chaos import Fault
+    from idempay_tools._chaos_lake import LakeCheck
+    from idempay_tools._chaos_phases import NoisyNeighbour
+    from idempay_tools.chaos import Fault
+    from idempay_tools.invariants import InvariantReport
 
 DRAIN_TIMEOUT_S = 180.0
 _FAULT_NAMES = {
@@ -111,8 +111,8 @@ async def check(
 ) -> Checks:
     from api.config import Settings
     from api.db import create_engine
-    from api.invariants import check_invariants
     from api.models import IdempotencyKey, RequestEvent, Transaction
+    from idempay_tools.invariants import check_invariants
 
     engine = create_engine(Settings(database_url=database_url))
     try:
@@ -362,7 +362,7 @@ def markdown(result: Result) -> str:
     lines = [
         "# Reliability: the chaos run",
         "",
-        "Written by `make chaos` (`loadtest/chaos.py`; how it works: its docstring and",
+        "Written by `make chaos` (`idempay_tools/chaos.py`; how it works: its docstring and",
         'docs/operations.md, "Chaos runs"). Figures are from one run on the shared 2-core',
         "development machine while other jobs ran on it; times to recover depend on its load.",
         "",

@@ -6,7 +6,7 @@
   next start) and starts again;
 - ``PrivateRedis``: a ``redis-server`` on its own port that keeps nothing on disk, which
   the harness SIGKILLs and starts again (empty, like a Redis that lost its memory);
-- ``Api``: ``python -m api serve --workers N`` (``api.serve_process``); ``kill_worker()``
+- ``Api``: ``python -m api serve --workers N`` (``idempay_tools.serve_process``); ``kill_worker()``
   SIGKILLs one uvicorn worker process, and uvicorn's supervisor starts a new one;
 - ``Sidecar``: ``python -m api completer`` / ``python -m api relay`` as their own processes.
 
@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from api.serve_process import ServerProcess, free_port
+from idempay_tools.serve_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = "127.0.0.1"
@@ -250,8 +250,8 @@ def migrate_and_keys(database_url: str, merchants: list[str]) -> dict[str, tuple
     from api.auth import create_api_key
     from api.config import Settings
     from api.db import create_engine
-    from api.invariants import merchant_for_api_key
     from api.migrate import migrate
+    from idempay_tools.invariants import merchant_for_api_key
 
     settings = Settings(database_url=database_url)
     migrate(settings)

@@ -1,17 +1,17 @@
 """``make chaos``: a terminal fleet through the chaos proxy while faults land on a seeded
 schedule; then SPEC §8's invariants and the ledger balance per merchant.
 
-    python -m loadtest.chaos [--duration 300] [--seed 7] [--terminals 12]
+    python -m idempay_tools.chaos [--duration 300] [--seed 7] [--terminals 12]
                              [--report docs/reliability.md] [--keep]
 
 What runs (all private to the run, on loopback): a PostgreSQL cluster and a Redis of the
-harness's own (``loadtest._chaos_services``), ``idempay serve --workers 2`` on them,
+harness's own (``idempay_tools._chaos_services``), ``idempay serve --workers 2`` on them,
 ``idempay completer`` and ``idempay relay`` as their own processes, the chaos proxy in
 front of the API (3.5 % of requests hit a network fault), the terminals (one process
 each, SDK + journal, spread over three merchants; clocks of terminals 0, 1 and 2 run
 120 s behind, 120 s ahead (within the server's 5-minute tolerance) and 15 min ahead
 (beyond it)), a probe that sends a create straight to the API four times a second, and
-``idempay export`` of the run's days in a loop (``loadtest._chaos_phases``).
+``idempay export`` of the run's days in a loop (``idempay_tools._chaos_phases``).
 
 The faults (``plan``): an API worker SIGKILLed; a terminal SIGKILLed and rebooted on its
 journal (it ``recover()``s first); PostgreSQL crashed (``pg_ctl -m immediate``) and
@@ -28,11 +28,11 @@ variant) each kind once.
 
 After the run the terminals stop selling and settle their journals, the completer and the
 relay drain, the API stops (flushing its request events), a final export runs, and the
-checks run: SPEC §8 on the database and the journals (``api.invariants``), every outbox
+checks run: SPEC §8 on the database and the journals (``idempay_tools.invariants``), every outbox
 event relayed, nothing stuck processing, no 500 answered, no terminal process died on its
 own, no payment refused for a skewed clock, no raw storage error after a send, no stale
 answer after the restore, every victim of the flood approved in time, and the lake
-(``loadtest._chaos_lake``): every request event in the database in the lake exactly once.
+(``idempay_tools._chaos_lake``): every request event in the database in the lake exactly once.
 Time to recover (per fault): from the injection until the component was back *and* work
 went through again (``_chaos_report._RECOVERED_BY``).
 
@@ -58,12 +58,11 @@ from pathlib import Path
 
 import httpx
 
-from loadtest import _chaos_report as report
-from loadtest._bench_env import say
-from loadtest._chaos_fleet import Probe, Tally, TerminalProcess
-from loadtest._chaos_lake import check_lake
-from loadtest._chaos_phases import Exporter, NoisyNeighbour
-from loadtest._chaos_services import (
+from idempay_tools import _chaos_report as report
+from idempay_tools._chaos_fleet import Probe, Tally, TerminalProcess
+from idempay_tools._chaos_lake import check_lake
+from idempay_tools._chaos_phases import Exporter, NoisyNeighbour
+from idempay_tools._chaos_services import (
     ROOT,
     Api,
     PrivatePostgres,
@@ -71,7 +70,8 @@ from loadtest._chaos_services import (
     Sidecar,
     migrate_and_keys,
 )
-from loadtest.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.serve_process import say
 
 MERCHANTS = ("chaos-m1", "chaos-m2", "chaos-m3")
 PROBE = "chaos-probe"
@@ -380,7 +380,7 @@ class Run:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.chaos", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m idempay_tools.chaos", description=__doc__)
     parser.add_argument("--duration", type=float, default=300.0, help="fleet seconds")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--terminals", type=int, default=12)
@@ -407,7 +407,7 @@ def _env(pg: PrivatePostgres, redis: PrivateRedis, root: Path) -> dict[str, str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from api.simulate import FleetConfig
+    from idempay_tools.simulate import FleetConfig
 
     args = _parser().parse_args(argv)
     if args.duration < 30:
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             checks=checks,
             errors=run.errors,
             started=run.started,
-            command=" ".join(["python -m loadtest.chaos", *(argv or sys.argv[1:])]),
+            command=" ".join(["python -m idempay_tools.chaos", *(argv or sys.argv[1:])]),
         )
         report.show(result)
         if args.report:

@@ -1,6 +1,6 @@
 """A chaos TCP proxy for HTTP/1.1: a GPRS-like lossy link between terminals and the API.
 
-    python -m loadtest.chaos_proxy --listen 127.0.0.1:8001 --target 127.0.0.1:8000 \
+    python -m idempay_tools.chaos_proxy --listen 127.0.0.1:8001 --target 127.0.0.1:8000 \
         --loss 0.035 --seed 1
 
 Faults are decided **per request**, not per connection: clients keep connections alive,
@@ -43,7 +43,7 @@ from types import TracebackType
 
 __all__ = ["ChaosProxy", "ProxyThread", "Release", "main"]
 
-log = logging.getLogger("loadtest.chaos_proxy")
+log = logging.getLogger("idempay_tools.chaos_proxy")
 
 MODES = ("drop_request", "drop_response", "delay", "reset", "hold")
 _STAT_KEYS = (
@@ -483,7 +483,7 @@ def _address(text: str) -> tuple[str, int]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.chaos_proxy",
+        prog="python -m idempay_tools.chaos_proxy",
         description="Lossy-link HTTP/1.1 proxy (loopback only).",
     )
     parser.add_argument("--listen", type=_address, default=("127.0.0.1", 8001))

@@ -1,69 +1,27 @@
-"""``idempay export``, ``idempay audit`` and ``idempay lake synth`` (SPEC §5–6).
+"""``idempay audit`` and ``idempay lake synth`` (SPEC §5–6); ``idempay export`` is the
+server's (``api/cli.py``).
 
-Registered by ``api/cli.py``. pyarrow and pyspark are imported inside the commands, so
-``idempay --help`` never starts a JVM or loads Arrow.
+Registered by ``idempay_tools/cli.py``. pyspark and the analytics package are imported
+inside the commands, so ``idempay --help`` never starts a JVM or loads Arrow.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from api.config import Settings
+from api.cli import LakeOption, parse_day
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from rich.progress import Progress, TaskID
 
 lake = typer.Typer(no_args_is_help=True, help="The Parquet lake the audit reads.")
-
-LakeOption = Annotated[Path, typer.Option("--lake", help="Lake root directory.")]
-
-
-def _day(value: str, option: str) -> date:
-    try:
-        return date.fromisoformat(value)
-    except ValueError:
-        raise typer.BadParameter(f"expected YYYY-MM-DD, got {value!r}", param_hint=option) from None
-
-
-def export_command(
-    day: Annotated[str, typer.Option("--date", help="UTC day to export, YYYY-MM-DD.")],
-    lake_dir: LakeOption,
-) -> None:
-    """Write one UTC day of request events, transactions and ledger entries to the lake."""
-    from api.db import create_engine
-    from api.events.export import ExportRefusedError, export_day
-
-    settings = Settings()
-    when = _day(day, "--date")
-
-    def say_waiting(message: str) -> None:
-        typer.echo(message, err=True)
-
-    async def run() -> Any:
-        engine = create_engine(settings)
-        try:
-            return await export_day(engine, lake_dir, when, on_wait=say_waiting)
-        finally:
-            await engine.dispose()
-
-    try:
-        result = asyncio.run(run())
-    except ExportRefusedError as exc:
-        typer.echo(f"export refused: {exc}", err=True)
-        raise typer.Exit(2) from None
-    for table, path in result.files.items():
-        kept = result.kept_from_lake.get(table, 0)
-        note = f" ({kept} kept from the lake, no longer in the database)" if kept else ""
-        typer.echo(f"{table}: {result.rows[table]} rows{note} → {path}")
-    typer.echo(f"request events marked exported: {result.marked}")
 
 
 def _watch_spark(
@@ -106,7 +64,7 @@ def audit_command(
     from analytics.jobs.daily_audit import describe, run_audit
     from analytics.session import build_session
 
-    first, last = _day(start, "--from"), _day(end, "--to")
+    first, last = parse_day(start, "--from"), parse_day(end, "--to")
     if last < first:
         raise typer.BadParameter("--to is before --from", param_hint="--to")
     console = Console()
@@ -179,7 +137,9 @@ def synth_command(
     """Write a realistic synthetic lake: a terminal fleet on lossy links, with client bugs."""
     from analytics.synth import SynthConfig, synthesize
 
-    first = _day(start, "--start") if start else datetime.now(UTC).date() - timedelta(days=days)
+    first = (
+        parse_day(start, "--start") if start else datetime.now(UTC).date() - timedelta(days=days)
+    )
     config = SynthConfig(
         lake=lake_dir,
         days=days,

@@ -21,9 +21,10 @@ def _days(first: date, last: date) -> list[date]:
 def run_demo(
     *, workdir: Path, terminals: int, payments: int, loss: float, console: Console
 ) -> bool:
-    from api.cli_lake import audit_command, export_command
-    from api.simulate import FleetConfig
-    from api.simulate_run import render, run_simulation
+    from api.cli import export_command
+    from idempay_tools.cli_lake import audit_command
+    from idempay_tools.simulate import FleetConfig
+    from idempay_tools.simulate_run import render, run_simulation
 
     workdir.mkdir(parents=True, exist_ok=True)
     lake, out = workdir / "lake", workdir / "audit"

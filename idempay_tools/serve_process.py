@@ -21,9 +21,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
-__all__ = ["ServerProcess", "free_port", "ready"]
+__all__ = ["ServerProcess", "free_port", "ready", "say"]
 
 LOCAL = "127.0.0.1"
+
+
+def say(text: str) -> None:
+    """A line on stdout, flushed (the harnesses' progress is read live)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def free_port() -> int:

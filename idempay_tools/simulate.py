@@ -4,14 +4,14 @@ Each terminal is its own ``client_sdk.Client`` with its own journal file and sel
 ``payments`` cards one after the other (mostly ``tok_visa_*``, a few ``tok_decline_*``,
 optionally a share of ``tok_issuer_slow``). The link is either a
 ``client_sdk.faults.FaultyTransport`` inside each terminal (default) or one shared
-``loadtest.chaos_proxy.ChaosProxy`` on loopback (``via_proxy``). A loss rate ``P`` splits
+``idempay_tools.chaos_proxy.ChaosProxy`` on loopback (``via_proxy``). A loss rate ``P`` splits
 into 40 % request drops, 40 % response drops (the server processed it) and 20 % resets.
 
-``kill_clients``: every terminal is a subprocess (``python -m api.simulate --terminal``);
+``kill_clients``: every terminal is a subprocess (``python -m idempay_tools.simulate --terminal``);
 a third of them are SIGKILLed mid-run, each then rebooted as a new process on the same
 journal that calls ``recover()`` first and sells the payments still owed.
 
-``reboot_terminals`` (``--reboot-terminals``, ``api.simulate_reboot``): half the
+``reboot_terminals`` (``--reboot-terminals``, ``idempay_tools.simulate_reboot``): half the
 terminals die once inside a payment — before its create leaves, or after it was answered —
 reboot on their journal (``recover()`` first), and the cashier re-runs the interrupted
 sale with a new key; ``one_charge_per_sale`` then counts approved charges per sale.
@@ -20,8 +20,8 @@ Round trips are counted in the terminal's transport, before any injected fault:
 ``resends`` are creates with ``Idempotency-Attempt`` ≥ 2. A killed process loses the
 counts of the payment it was in (a small undercount, stated).
 
-``api.simulate_run.run_simulation`` wires it for the CLI: server (a subprocess unless
-``--url``), API key, fleet, ``api.invariants.check_invariants``, and a rich table.
+``idempay_tools.simulate_run.run_simulation`` wires it for the CLI: server (a subprocess unless
+``--url``), API key, fleet, ``idempay_tools.invariants.check_invariants``, and a rich table.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from api.simulate_reboot import run_rebooting, sell_after_reboot
 from client_sdk import (
     APIError,
     Client,
@@ -57,7 +56,8 @@ from client_sdk import (
     PaymentInDoubt,
 )
 from client_sdk.faults import FaultyTransport
-from loadtest.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.simulate_reboot import run_rebooting, sell_after_reboot
 
 if TYPE_CHECKING:  # the terminal subprocesses import only the SDK side of this module
     from rich.console import Console
@@ -476,7 +476,7 @@ def _follow(
     kill_after: int | None = None,
     reboot: bool = False,
 ) -> None:
-    argv = [sys.executable, "-m", "api.simulate", "--terminal", str(index)]
+    argv = [sys.executable, "-m", "idempay_tools.simulate", "--terminal", str(index)]
     argv += ["--payments", str(payments), "--config", config.to_json()]
     proc = subprocess.Popen(
         argv + (["--reboot"] if reboot else []), stdout=subprocess.PIPE, text=True
@@ -512,9 +512,9 @@ def _follow(
 
 
 def _child(argv: list[str]) -> None:
-    """``python -m api.simulate --terminal I --payments K --config JSON [--reboot]``: one
+    """``python -m idempay_tools.simulate --terminal I --payments K --config JSON [--reboot]``: one
     terminal process; a JSON line per payment, with the cumulative counts and faults."""
-    parser = argparse.ArgumentParser(prog="python -m api.simulate")
+    parser = argparse.ArgumentParser(prog="python -m idempay_tools.simulate")
     parser.add_argument("--terminal", type=int, required=True)
     parser.add_argument("--payments", type=int, required=True)
     parser.add_argument("--config", required=True)

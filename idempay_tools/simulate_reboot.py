@@ -1,7 +1,7 @@
 """``idempay simulate --reboot-terminals``: terminals that die mid-payment, reboot on their
 journal, and a cashier who re-runs the sale (issue 24).
 
-Every terminal is a process (``python -m api.simulate``). Half of them (at least one)
+Every terminal is a process (``python -m idempay_tools.simulate``). Half of them (at least one)
 die once, during a chosen payment, at a chosen point — the process SIGKILLs itself from
 inside its HTTP transport, so the point is exact:
 
@@ -15,7 +15,7 @@ inside its HTTP transport, so the point is exact:
   the sale only when it says the customer was not charged (aborted, declined, refused).
 
 Then the rebooted terminal sells the sales still owed. Each payment carries its sale in
-``metadata.sale_id``; ``api.invariants`` counts approved transactions per sale
+``metadata.sale_id``; ``idempay_tools.invariants`` counts approved transactions per sale
 (``one_charge_per_sale``): no customer charged twice for one sale.
 """
 
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from client_sdk import JournalState
 
 if TYPE_CHECKING:
-    from api.simulate import FleetConfig, Sale, Terminal, _Tally
+    from idempay_tools.simulate import FleetConfig, Sale, Terminal, _Tally
 
 __all__ = ["KINDS", "reboot_plan", "run_rebooting", "sell_after_reboot"]
 
@@ -77,7 +77,7 @@ def _follow(
     config: FleetConfig, index: int, tally: _Tally, args: list[str]
 ) -> tuple[int, dict[str, Any]]:
     """Run one terminal process to its end; (exit code, the last sale it started)."""
-    argv = [sys.executable, "-m", "api.simulate", "--terminal", str(index)]
+    argv = [sys.executable, "-m", "idempay_tools.simulate", "--terminal", str(index)]
     proc = subprocess.Popen(
         [*argv, "--config", config.to_json(), *args], stdout=subprocess.PIPE, text=True
     )

@@ -1,6 +1,6 @@
 """``idempay simulate`` and ``idempay demo``'s fleet step: start a server (unless a URL is
-given), mint a merchant key, run the fleet (``api.simulate``), check SPEC §8
-(``api.invariants``) and render the run as a rich table."""
+given), mint a merchant key, run the fleet (``idempay_tools.simulate``), check SPEC §8
+(``idempay_tools.invariants``) and render the run as a rich table."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from api.serve_process import ServerProcess
-from api.simulate import FleetConfig, FleetResult, run_fleet
+from idempay_tools.serve_process import ServerProcess
+from idempay_tools.simulate import FleetConfig, FleetResult, run_fleet
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from api.invariants import InvariantReport
+    from idempay_tools.invariants import InvariantReport
 
 __all__ = ["default_workdir", "describe", "render", "run_simulation", "start_server"]
 
@@ -56,7 +56,7 @@ async def _new_api_key(merchant: str) -> str:
 async def _check(api_key: str, result: FleetResult) -> InvariantReport:
     from api.config import Settings
     from api.db import create_engine
-    from api.invariants import check_invariants, merchant_for_api_key
+    from idempay_tools.invariants import check_invariants, merchant_for_api_key
 
     engine = create_engine(Settings())
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import asyncpg
 
-from api.serve_process import ServerProcess
+from idempay_tools.serve_process import ServerProcess
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 ROOT = Path(__file__).resolve().parents[1]

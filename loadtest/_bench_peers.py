@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, Header
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.serve_process import ServerProcess
+from idempay_tools.serve_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_ENV = "IDEMPAY_BENCH_PEER_REDIS_URL"

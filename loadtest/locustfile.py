@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import gevent
 from locust import events
 
-from loadtest.chaos_proxy import is_loopback
+from idempay_tools.chaos_proxy import is_loopback
 from loadtest.scenarios import DuplicateStorm, InDoubtStorm, LossyTerminal, SdkTerminal
 
 __all__ = ["DuplicateStorm", "InDoubtStorm", "LossyTerminal", "SdkTerminal"]

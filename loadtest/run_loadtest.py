@@ -4,7 +4,7 @@
 
 1. a private Postgres database (``loadtest._bench_env``), migrated, with one API key;
 2. ``python -m api serve --workers N`` on it (loopback, rate limits out of reach);
-3. ``loadtest.chaos_proxy.ChaosProxy`` in front of it (``--loss``: half request drops,
+3. ``idempay_tools.chaos_proxy.ChaosProxy`` in front of it (``--loss``: half request drops,
    half response drops);
 4. headless Locust, ``LossyTerminal`` and ``SdkTerminal``, bounded by ``--run-time``; its
    thresholds (fail ratio ≤ 1 %, p99 ≤ ``IDEMPAY_LT_MAX_P99_MS``) decide its exit code;
@@ -33,9 +33,9 @@ from pathlib import Path
 from locust.util.timespan import parse_timespan
 from sqlalchemy import func, select
 
+from idempay_tools.chaos_proxy import ChaosProxy
 from loadtest import _bench_env
 from loadtest._bench_env import say
-from loadtest.chaos_proxy import ChaosProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("LossyTerminal", "SdkTerminal")
@@ -97,7 +97,7 @@ async def _processing(database: str, merchant: str) -> int:
 async def _merchant(database: str, api_key: str) -> str:
     from api.config import Settings
     from api.db import create_engine
-    from api.invariants import merchant_for_api_key
+    from idempay_tools.invariants import merchant_for_api_key
 
     engine = create_engine(Settings(database_url=_bench_env.database_url(database)))
     try:
@@ -112,8 +112,8 @@ async def _merchant(database: str, api_key: str) -> str:
 async def _check(database: str, merchant: str) -> Checks:
     from api.config import Settings
     from api.db import create_engine
-    from api.invariants import check_invariants
     from api.models import RequestEvent
+    from idempay_tools.invariants import check_invariants
 
     engine = create_engine(Settings(database_url=_bench_env.database_url(database)))
     try:

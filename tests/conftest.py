@@ -87,7 +87,11 @@ _KIND_FIXTURES = {
 }
 _KIND_PATHS = {
     "model": ("tests/test_protocol_model.py",),
-    "chaos": ("tests/loadtest/", "tests/test_simulate_cli.py"),
+    "chaos": (
+        "tests/loadtest/",
+        "tests/idempay_tools/test_chaos",  # test_chaos.py, test_chaos_proxy.py
+        "tests/idempay_tools/test_simulate_cli.py",
+    ),
     "spark": ("tests/analytics/", "tests/deploy/test_audit_as_scheduled.py"),
     "server": ("tests/deploy/", "tests/client_sdk/test_integration_", "tests/api/fuzz/"),
 }

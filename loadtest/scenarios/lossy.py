@@ -1,7 +1,7 @@
 """``LossyTerminal``: a raw-HTTP terminal that resolves lost responses by key.
 
 Per payment it mints a UUID and creates. A create or lookup with no HTTP answer (a real
-link fault, e.g. from ``loadtest.chaos_proxy``) is in doubt; so is, with probability
+link fault, e.g. from ``idempay_tools.chaos_proxy``) is in doubt; so is, with probability
 ``IDEMPAY_LT_LOSS`` (default 0.035), a 201 the terminal pretends it never received. In
 doubt it looks the key up: 200 → done; 404 → resend the same request with the same key;
 202/409 → wait ``Retry-After`` and look up again. A 404 after a 201 is a lost transaction.

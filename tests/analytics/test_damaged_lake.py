@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from analytics.jobs.daily_audit import run_audit
 from analytics.lake import TABLES, write_partition
-from api.cli import app
+from idempay_tools.cli import app
 from tests.analytics.lakes import D1, D2, entry, ev, txn, write_lake
 
 FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r")

@@ -1,7 +1,7 @@
 """What the server's Postgres database holds for one merchant, read with plain SQL.
 
 The integration tests check SPEC §8 with these queries, independently of
-``api.invariants`` (which they also run): the code under test never grades itself alone.
+``idempay_tools.invariants`` (which they also run): the code under test never grades itself alone.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import pytest
 from integration_db import Merchant, journal_entries, wait_for
 
 from client_sdk import JournalEntry, JournalState
-from loadtest.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
 

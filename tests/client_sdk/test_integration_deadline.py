@@ -27,7 +27,7 @@ from integration_db import Merchant, journal_entries, wait_for
 from api.config import Settings
 from api.transactions.issuer import derive_issuer_key
 from client_sdk import Client, JournalState, PaymentAbortedError, RetryPolicy
-from loadtest.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
 

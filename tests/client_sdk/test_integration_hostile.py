@@ -23,7 +23,7 @@ import pytest
 from integration_db import Merchant, journal_entries
 
 from client_sdk import Client, JournalState, RetryPolicy
-from loadtest.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
 

@@ -16,8 +16,8 @@ from integration_db import Merchant, journal_entries
 from rich.console import Console
 
 from api.db import create_engine
-from api.invariants import InvariantReport, check_invariants
-from api.simulate import FleetConfig, run_fleet
+from idempay_tools.invariants import InvariantReport, check_invariants
+from idempay_tools.simulate import FleetConfig, run_fleet
 from tests.support.backend import Backend
 from tests.support.services import Server
 

@@ -19,7 +19,7 @@ from client_sdk import (
     PaymentInDoubtError,
     RetryPolicy,
 )
-from loadtest.chaos_proxy import ChaosProxy
+from idempay_tools.chaos_proxy import ChaosProxy
 
 
 class HttpFake:

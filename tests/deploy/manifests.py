@@ -18,8 +18,8 @@ from typing import Any
 import typer.main
 import yaml
 
-from api.cli import app
 from api.config import Settings
+from idempay_tools.cli import app
 from tests.deploy import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]

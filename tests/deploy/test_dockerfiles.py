@@ -62,7 +62,7 @@ def test_api_image_runs_idempay_and_checks_healthz() -> None:
     entrypoint = runtime.exec_form("ENTRYPOINT")
     assert entrypoint == ["idempay"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["idempay"] == "api.cli:main"  # what /opt/venv/bin/idempay runs
+    assert scripts["idempay"] == "idempay_tools.cli:main"  # what /opt/venv/bin/idempay runs
     command, params = parse_idempay([*entrypoint, *runtime.exec_form("CMD")])
     assert command == "serve" and params["port"] == 8000
     assert runtime.all("EXPOSE") == ["8000"]

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     report = tmp_path / "reliability.md"
     done = subprocess.run(
-        [sys.executable, "-m", "loadtest.chaos", "--duration", "90", "--seed", "11",
+        [sys.executable, "-m", "idempay_tools.chaos", "--duration", "90", "--seed", "11",
          "--terminals", "6", "--report", str(report)],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The chaos proxy (loadtest/chaos_proxy.py) against a tiny HTTP echo server on loopback."""
+"""The chaos proxy (idempay_tools/chaos_proxy.py) against a tiny HTTP echo server on loopback."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtest.chaos_proxy import ChaosProxy, build
+from idempay_tools.chaos_proxy import ChaosProxy, build
 
 LOCAL = "127.0.0.1"
 
@@ -307,7 +307,7 @@ def test_the_cli_runs_until_interrupted(threaded_echo_server: int) -> None:
         [
             sys.executable,
             "-m",
-            "loadtest.chaos_proxy",
+            "idempay_tools.chaos_proxy",
             "--listen",
             "127.0.0.1:0",
             "--target",

@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from api.auth import hash_key
-from api.invariants import InvariantReport, check_invariants
 from api.models import IdempotencyKey, LedgerEntry, Transaction
 from client_sdk import Journal, JournalState
+from idempay_tools.invariants import InvariantReport, check_invariants
 from tests.support.backend import Backend
 from tests.support.services import ROOT, create_database, drop_database, pg_url
 
@@ -61,7 +61,8 @@ def simulate(database_url: str, tmp: Path, *args: str) -> Run:
         "IDEMPAY_REDIS_URL": "",
         "COLUMNS": "120",
     }
-    argv = [sys.executable, "-m", "api", "simulate", "--workdir", str(tmp / "journals"), *args]
+    workdir = str(tmp / "journals")
+    argv = [sys.executable, "-m", "idempay_tools", "simulate", "--workdir", workdir, *args]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     return Run(done.returncode, done.stdout + done.stderr)
 

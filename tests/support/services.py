@@ -14,7 +14,7 @@ from pathlib import Path
 
 import asyncpg
 
-from api.serve_process import ServerProcess, free_port
+from idempay_tools.serve_process import ServerProcess, free_port
 
 PG_ADMIN = os.environ.get("IDEMPAY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import httpx
 import jsonschema
 
 from api.db import create_engine
-from api.invariants import InvariantReport, check_invariants
+from idempay_tools.invariants import InvariantReport, check_invariants
 from tests.support.backend import Backend
 from tests.support.services import Server
 

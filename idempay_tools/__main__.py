@@ -1,0 +1,3 @@
+from idempay_tools.cli import main
+
+main()
