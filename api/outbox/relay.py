@@ -174,6 +174,8 @@ class Relay:
                         await _still_leading(lock_conn)
                         try:
                             published = await self.run_once(lock_conn)
+                        except LeadershipLostError:
+                            raise  # compete for the lock again (outer loop)
                         except Exception as exc:  # Redis or storage down: retry next tick
                             log.warning("relay_tick_failed", error=type(exc).__name__)
                             published = 0
@@ -269,10 +271,14 @@ def _measure_stream(length: int, oldest: list[Any]) -> None:
 
 
 async def _still_leading(conn: AsyncConnection) -> None:
-    """Raise unless the session that took the lock is alive (Postgres); no-op on SQLite."""
+    """Raise unless this connection's session still holds the lock (Postgres; no-op on
+    SQLite). Not just "the session is alive": after the lock's session died, the connection
+    may have been silently re-established on a new session that holds no lock."""
     if conn.dialect.name == "postgresql":
-        await conn.execute(text("SELECT 1"))
+        held = (await conn.execute(text(_HELD_BY_ME), {"lock": LOCK_ID})).scalar()
         await conn.commit()
+        if not held:
+            raise LeadershipLostError("this session no longer holds the relay lock")
 
 
 def consume(
