@@ -40,6 +40,7 @@ CODES_4XX = frozenset(
         "idempotency_key_reused",
         "validation_error",
         "pan_not_allowed",
+        "clock_skew",
         "not_reversible",
         "rate_limited",
         "request_timeout",
