@@ -4,9 +4,10 @@
 
 Synthesizes the lake (``idempay lake synth``; skipped with ``--lake`` of an existing one),
 then, in one run: the Spark audit exactly as ``idempay audit`` runs it (all outputs and
-report.html written; session start timed apart) and DuckDB computing the daily summary.
-Both engines' daily summaries are compared row by row, so the figures are for the same
-answer. Prints a table and, with ``--json``, writes the figures to a file.
+report.html written; session start timed apart) and DuckDB computing daily_summary,
+terminal_ranking and network_rates (``analytics.duckdb_reference``). The engines' three
+tables are compared row by row, every column, so the figures are for the same answer.
+Prints a table and, with ``--json``, writes the figures to a file.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from analytics import duckdb_reference
-from analytics.metrics import SUMMARY_COLUMNS
+from analytics.metrics import NETWORK_COLUMNS, RANKING_COLUMNS, SUMMARY_COLUMNS
+
+COMPARED = {
+    "daily_summary": SUMMARY_COLUMNS,
+    "terminal_ranking": RANKING_COLUMNS,
+    "network_rates": NETWORK_COLUMNS,
+}
 
 
 def _synth(lake: Path, *, events: int, days: int, seed: int) -> tuple[int, float]:
@@ -72,36 +79,39 @@ def _spark(lake: Path, out: Path, *, start: date, end: date, master: str) -> dic
         "job_s": job_s,
         "job_cpu_s": cpu_s,
         "wall_s": time.perf_counter() - started,
-        "summary": result.rows["daily_summary"],
+        "tables": {name: result.rows[name] for name in COMPARED},
     }
 
 
 def _duckdb(lake: Path, *, start: date, end: date, threads: int) -> dict[str, Any]:
     started, cpu_started = time.perf_counter(), time.process_time()
-    rows = duckdb_reference.daily_summary(lake, start=start, end=end, threads=threads)
+    tables = duckdb_reference.audit(lake, start=start, end=end, threads=threads)
     return {
         "wall_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu_started,
-        "summary": rows,
+        "tables": tables,
     }
 
 
-def compare(spark_rows: list[dict[str, Any]], duck_rows: list[dict[str, Any]]) -> list[str]:
-    """Differences between the engines' daily summaries (empty: the same answer)."""
+def compare(
+    spark_rows: list[dict[str, Any]],
+    duck_rows: list[dict[str, Any]],
+    columns: list[str] = SUMMARY_COLUMNS,
+) -> list[str]:
+    """Differences between the engines' rows of one table (empty: the same answer)."""
     if len(spark_rows) != len(duck_rows):
         return [f"row count: spark {len(spark_rows)} vs duckdb {len(duck_rows)}"]
     problems = []
     for s_row, d_row in zip(spark_rows, duck_rows, strict=True):
-        for column in SUMMARY_COLUMNS:
+        for column in columns:
             a, b = s_row[column], d_row[column]
             same = (a is None and b is None) or (
                 a is not None and b is not None and
                 (a == b if isinstance(a, str) else math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9))
             )  # fmt: skip
             if not same:
-                problems.append(
-                    f"{s_row['event_date']} {s_row['merchant_id']} {column}: {a} vs {b}"
-                )
+                where = " ".join(str(s_row[c]) for c in columns[:3])
+                problems.append(f"{where} {column}: {a} vs {b}")
     return problems
 
 
@@ -137,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = _spark(lake, work / "out", start=start, end=end, master=args.master)
     duck = _duckdb(lake, start=start, end=end, threads=args.duckdb_threads)
-    problems = compare(spark["summary"], duck["summary"])
+    problems = [
+        f"{name}: {problem}"
+        for name, columns in COMPARED.items()
+        for problem in compare(spark["tables"][name], duck["tables"][name], columns)
+    ]
     figures.update(
         spark_session_s=round(spark["session_s"], 2),
         spark_job_s=round(spark["job_s"], 2),
@@ -148,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         duckdb_wall_s=round(duck["wall_s"], 2),
         duckdb_cpu_s=round(duck["cpu_s"], 2),
         duckdb_events_per_s=round(events / duck["wall_s"]),
-        summary_rows=len(spark["summary"]),
+        summary_rows=len(spark["tables"]["daily_summary"]),
+        compared_rows=sum(len(rows) for rows in spark["tables"].values()),
         engines_agree=not problems,
         load_average_at_end=round(os.getloadavg()[0], 2),
         out=str(work / "out"),

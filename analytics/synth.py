@@ -3,38 +3,44 @@
 A fleet of merchants and terminals, each terminal on one link (GPRS, 3G, 4G, Wi-Fi,
 Ethernet) with its own loss rate and latency. Every payment follows the terminal protocol
 of SPEC §4 and leaves the request events the server would record (SPEC §5), plus the
-transaction and ledger rows of what was processed:
+transaction and ledger rows of what was processed (``analytics.synth_fleet``: the
+protocol's paths, vectorised with numpy; the rows become Arrow columns without a Python
+object per row, so 10 M events take well under a minute).
 
-- a lost request ⇒ in doubt ⇒ lookup ``not_found`` ⇒ resend the same key (scenario B);
-- a lost response ⇒ in doubt ⇒ lookup ``found`` (scenario A), or a retry ``replayed``;
-- an impatient resend while the first is processing ⇒ ``in_progress``, then ``replayed``;
-- a slow issuer ⇒ 202 (outcome ``created``), lookups ``processing`` then ``found``;
-- a terminal that gives up ⇒ abort (``aborted``, or ``already_processed``);
-- client bugs: a new key minted after a lost response (a real double charge: the audit's
-  suspects) and a key reused with another amount (``key_reused``);
-- declines, reversals, refunds, expired requests, rejected bodies and 503s.
-
-Deterministic for a (seed, start, days, events_per_day). ``--violations K`` plants K
-duplicate charge entries, to see the report's red banner; the default is 0, as on a
+Each day's payments run in batches until the day has ``events_per_day`` events; rows are
+bucketed by their own UTC date (a payment near midnight spills into the next day) and a
+day is written once no later payment can add to it. Deterministic for a (seed, start,
+days, events_per_day, merchants, terminals). ``--violations K`` plants K duplicate charge
+entries on the first day, to see the report's red banner; the default is 0, as on a
 healthy server.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
-import uuid
+import math
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analytics.lake import TABLES, write_partition
-
-Row = tuple[object, ...]
+from analytics.synth_fleet import (
+    CARDS_PER_MERCHANT,
+    ENDPOINTS,
+    ENTRY_KINDS,
+    KINDS,
+    OUTCOMES,
+    SECOND,
+    TXN_STATUSES,
+    Batch,
+    Ints,
+    Links,
+)
 
 # (name, share of terminals, loss per request, median latency ms)
 NETWORKS = [
@@ -44,7 +50,9 @@ NETWORKS = [
     ("wifi", 0.12, 0.004, 60.0),
     ("ethernet", 0.06, 0.001, 35.0),
 ]
-AMOUNTS = [500, 990, 1250, 1500, 1990, 2500, 3490, 4990, 7500, 9990, 12900, 19990, 45000]
+DAY = 86_400 * SECOND
+EVENTS_PER_PAYMENT = 1.1  # a first guess for a batch's size; the loop tops the day up
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +67,6 @@ class SynthConfig:
     violations: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Terminal:
-    merchant_id: str
-    terminal_id: str
-    network: str
-    loss: float
-    latency_ms: float
-
-
 @dataclass
 class SynthResult:
     events: int = 0
@@ -79,302 +78,218 @@ class SynthResult:
     files: list[Path] = field(default_factory=list)
 
 
-class _Day:
-    """Rows bucketed by their UTC date (a payment near midnight spills into the next day)."""
+def _strings(raw: np.ndarray) -> pa.StringArray:
+    """Rows of a 2-D uint8 array (ASCII, fixed width) as an Arrow string array, no copy
+    per row."""
+    n, width = raw.shape
+    offsets = np.arange(0, width * (n + 1), width, dtype=np.int32)
+    data = np.ascontiguousarray(raw)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
 
-    def __init__(self) -> None:
-        self.rows: dict[str, dict[date, list[Row]]] = {t: defaultdict(list) for t in TABLES}
 
-    def add(self, table: str, moment: datetime, row: Row) -> None:
-        self.rows[table][moment.date()].append(row)
+def _hex(raw: np.ndarray) -> np.ndarray:
+    out = np.empty((raw.shape[0], raw.shape[1] * 2), np.uint8)
+    out[:, 0::2], out[:, 1::2] = _HEX[raw >> 4], _HEX[raw & 15]
+    return out
 
-    def pop(self, day: date) -> dict[str, list[Row]]:
-        return {table: by_day.pop(day, []) for table, by_day in self.rows.items()}
+
+def uuid4_strings(rng: np.random.Generator, n: int) -> pa.StringArray:
+    """``n`` random UUIDv4 strings (canonical 8-4-4-4-12 form)."""
+    raw = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80
+    hexed = _hex(raw)
+    out = np.full((n, 36), ord("-"), np.uint8)
+    for (a, b), (c, d) in zip(
+        [(0, 8), (9, 13), (14, 18), (19, 23), (24, 36)],
+        [(0, 8), (8, 12), (12, 16), (16, 20), (20, 32)],
+        strict=True,
+    ):
+        out[:, a:b] = hexed[:, c:d]
+    return _strings(out)
 
 
 class Fleet:
+    """The fleet's identities, drawn once: merchants, terminals and their links, cards."""
+
     def __init__(self, config: SynthConfig) -> None:
         self.config = config
-        self.rng = random.Random(config.seed)
-        self.out = _Day()
-        self.result = SynthResult()
-        self.terminals = self._terminals()
-
-    # ------------------------------------------------------------ identities
-    def _uuid(self) -> str:
-        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
-
-    def _terminals(self) -> list[Terminal]:
-        terminals = []
-        weights = [share for _, share, _, _ in NETWORKS]
-        for m in range(self.config.merchants):
-            merchant_id = (
-                "mer_" + hashlib.sha256(f"{self.config.seed}:{m}".encode()).hexdigest()[:20]
-            )
-            for t in range(self.config.terminals_per_merchant):
-                name, _, loss, latency = self.rng.choices(NETWORKS, weights)[0]
-                terminals.append(Terminal(merchant_id, f"T-{t + 1:04d}", name, loss, latency))
-        return terminals
-
-    def _card(self, terminal: Terminal) -> str:
-        token = f"{terminal.merchant_id}:card:{self.rng.randrange(200_000)}"
-        return hashlib.sha256(token.encode()).hexdigest()
-
-    def _latency(self, terminal: Terminal, *, slow: bool = False) -> float:
-        base = 5_000.0 if slow else terminal.latency_ms
-        return round(base * self.rng.lognormvariate(0.0, 0.35), 3)
-
-    # ---------------------------------------------------------------- events
-    def _event(
-        self,
-        terminal: Terminal,
-        key: str,
-        at: datetime,
-        endpoint: str,
-        outcome: str,
-        status: int,
-        *,
-        attempt: int | None = None,
-        slow: bool = False,
-        terminal_known: bool = True,
-    ) -> datetime:
-        latency = self._latency(terminal, slow=slow)
-        ts = at + timedelta(milliseconds=latency)
-        row: Row = (
-            self._uuid(),
-            ts,
-            terminal.merchant_id,
-            terminal.terminal_id if terminal_known else None,
-            key,
-            endpoint,
-            outcome,
-            status,
-            attempt,
-            terminal.network,
-            latency,
+        self.rng = np.random.default_rng(config.seed)
+        m, per = config.merchants, config.terminals_per_merchant
+        self.merchant_names = pa.array(
+            [
+                "mer_" + hashlib.sha256(f"{config.seed}:{i}".encode()).hexdigest()[:20]
+                for i in range(m)
+            ]
         )
-        self.out.add("request_events", ts, row)
-        self.result.events += 1
-        return ts
-
-    def _transaction(
-        self,
-        terminal: Terminal,
-        key: str,
-        created_at: datetime,
-        *,
-        card: str,
-        amount: int,
-        kind: str,
-        approved: bool,
-        reversible: bool = True,
-    ) -> str:
-        """The transaction row and its ledger entries; returns its final status."""
-        processed_at = created_at + timedelta(milliseconds=self.rng.uniform(5, 40))
-        reversed_at = None
-        status = "approved" if approved else "declined"
-        if approved and kind == "purchase" and reversible and self.rng.random() < 0.004:
-            status, reversed_at = (
-                "reversed",
-                processed_at + timedelta(seconds=self.rng.uniform(20, 90)),
-            )
-            self._event(terminal, key, reversed_at, "reversal", "reversed", 200)
-            self._entry(terminal, key, reversed_at, -amount, "reversal")
-        row: Row = (
-            key,
-            terminal.merchant_id,
-            terminal.terminal_id,
-            kind,
-            amount,
-            "BRL",
-            card,
-            status,
-            created_at,
-            processed_at,
-            reversed_at,
+        self.terminal_names = pa.array([f"T-{t + 1:04d}" for _ in range(m) for t in range(per)])
+        shares = np.array([share for _, share, _, _ in NETWORKS])
+        network = self.rng.choice(len(NETWORKS), size=m * per, p=shares / shares.sum())
+        self.links = Links(
+            merchant=np.repeat(np.arange(m, dtype=np.int64), per),
+            network=network.astype(np.int64),
+            loss=np.array([n[2] for n in NETWORKS])[network],
+            latency_ms=np.array([n[3] for n in NETWORKS])[network],
         )
-        self.out.add("transactions", created_at, row)
-        self.result.transactions += 1
-        if approved:
-            self._entry(
-                terminal,
-                key,
-                processed_at,
-                amount if kind == "purchase" else -amount,
-                "charge" if kind == "purchase" else "refund",
-            )
-        return status
+        self.network_names = pa.array([n[0] for n in NETWORKS])
+        cards = self.rng.integers(0, 256, size=(m * CARDS_PER_MERCHANT, 32), dtype=np.uint8)
+        self.fingerprints = _strings(_hex(cards))
 
-    def _entry(self, terminal: Terminal, key: str, at: datetime, amount: int, kind: str) -> None:
-        row: Row = (self._uuid(), key, terminal.merchant_id, amount, "BRL", kind, at)
-        self.out.add("ledger_entries", at, row)
-        self.result.ledger_entries += 1
+    def batch(self, day: date, n: int) -> Batch:
+        start = int(datetime.combine(day, datetime.min.time(), tzinfo=UTC).timestamp()) * SECOND
+        term = self.rng.integers(0, len(self.links.loss), n)
+        hours = self.rng.triangular(0, 14, 24, n)  # busier in the afternoon
+        batch = Batch(self.rng, self.links, term, start + (hours * 3600 * SECOND).astype(np.int64))
+        batch.run()
+        return batch
 
-    # -------------------------------------------------------------- payments
-    def payment(self, terminal: Terminal, at: datetime) -> None:
-        """One payment through the SDK protocol, with this terminal's link faults."""
-        rng = self.rng
-        key = self._uuid()
-        card, amount = self._card(terminal), rng.choice(AMOUNTS)
-        kind = "refund" if rng.random() < 0.02 else "purchase"
-        approved = rng.random() >= 0.06
-        roll = rng.random()
-        if roll < 0.0005:  # captured_at past the retention window
-            self._event(terminal, key, at, "create", "expired", 410, attempt=1)
-            return
-        if roll < 0.0015:  # invalid body: nothing stored
-            self._event(
-                terminal, key, at, "create", "rejected", 422, attempt=1, terminal_known=False
-            )
-            return
-        if roll < 0.0025:  # lost request, the customer leaves: abort fences the key
-            at += timedelta(seconds=rng.uniform(10, 30))
-            self._event(terminal, key, at, "lookup", "not_found", 404, terminal_known=False)
-            self._event(
-                terminal,
-                key,
-                at + timedelta(seconds=30),
-                "abort",
-                "aborted",
-                200,
-                terminal_known=False,
-            )
-            return
-        slow = roll < 0.0125
-        processed, txn_status = False, ""
-        for attempt in range(1, 6):
-            fault = rng.random()
-            if fault < 0.0005:  # storage hiccup: 503, safe to retry
-                at = self._event(terminal, key, at, "create", "error", 503, attempt=attempt)
-                at += timedelta(seconds=1)
-                continue
-            lost_request = fault < terminal.loss / 2
-            lost_response = terminal.loss / 2 <= fault < terminal.loss
-            if lost_request:
-                at += timedelta(seconds=rng.uniform(8, 15))  # client timeout
-                if processed:  # an earlier attempt went through: the lookup finds it
-                    self._event(terminal, key, at, "lookup", "found", 200)
-                    return
-                at = self._event(
-                    terminal, key, at, "lookup", "not_found", 404, terminal_known=False
-                )
-                at += timedelta(seconds=rng.uniform(0.2, 2))
-                continue
-            outcome = "replayed" if processed else "created"
-            status = 201 if not slow or processed else 202
-            start = at
-            ts = self._event(
-                terminal,
-                key,
-                at,
-                "create",
-                outcome,
-                status,
-                attempt=attempt,
-                slow=slow and not processed,
-            )
-            if not processed:
-                processed = True
-                txn_status = self._transaction(
-                    terminal, key, start, card=card, amount=amount, kind=kind, approved=approved
-                )
-                if rng.random() < 0.003:  # impatient resend while processing
-                    self._event(
-                        terminal,
-                        key,
-                        start + timedelta(milliseconds=5),
-                        "create",
-                        "in_progress",
-                        409,
-                        attempt=attempt + 1,
-                    )
-            if slow and status == 202:
-                for _ in range(rng.randint(1, 2)):
-                    ts = self._event(
-                        terminal, key, ts + timedelta(seconds=1), "lookup", "processing", 202
-                    )
-                self._event(terminal, key, ts + timedelta(seconds=1), "lookup", "found", 200)
-                return
-            if not lost_response:
-                self._after(terminal, key, ts)
-                return
-            at = ts + timedelta(seconds=rng.uniform(8, 15))
-            if rng.random() < 0.05 and kind == "purchase" and txn_status == "approved":
-                self._new_key_bug(terminal, key, at, card, amount)  # buggy firmware
-                return
-            if rng.random() < 0.5:  # scenario A: the lookup finds it
-                self._event(terminal, key, at, "lookup", "found", 200)
-                return
-        if not processed:  # gave up after five attempts: fence the key
-            self._event(terminal, key, at, "abort", "aborted", 200, terminal_known=False)
 
-    def _after(self, terminal: Terminal, key: str, at: datetime) -> None:
-        if self.rng.random() < 0.001:  # client bug: same key, another amount
-            self._event(
-                terminal, key, at + timedelta(seconds=20), "create", "key_reused", 422, attempt=2
-            )
-        elif self.rng.random() < 0.001:  # a late abort finds the payment done
-            self._event(terminal, key, at + timedelta(seconds=5), "abort", "already_processed", 200)
+def _take(names: pa.Array, codes: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
+    return names.take(pa.array(codes.astype(np.int64), mask=mask))
 
-    def _new_key_bug(
-        self, terminal: Terminal, original: str, at: datetime, card: str, amount: int
-    ) -> None:
-        """The terminal lost the response and minted a new key: charged twice."""
-        key = self._uuid()
-        self._event(terminal, key, at, "create", "created", 201, attempt=1)
-        self._transaction(
-            terminal,
-            key,
-            at,
-            card=card,
-            amount=amount,
-            kind="purchase",
-            approved=True,
-            reversible=False,
+
+def _ts(micros: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
+    return pa.array(micros, type=pa.timestamp("us", tz="UTC"), mask=mask)
+
+
+class Rows:
+    """A batch's rows as Arrow tables, each with the UTC day number of its rows."""
+
+    def __init__(self, fleet: Fleet, batch: Batch) -> None:
+        self.fleet, self.batch = fleet, batch
+        self.keys = uuid4_strings(fleet.rng, batch.next_key)
+
+    def _merchant(self, pay: Ints) -> pa.Array:
+        return _take(self.fleet.merchant_names, self.fleet.links.merchant[self.batch.term[pay]])
+
+    def events(self) -> tuple[pa.Table, np.ndarray]:
+        e, fleet = self.batch.events, self.fleet
+        pay, key, ts = (
+            e.concat("pay", np.int64),
+            e.concat("key", np.int64),
+            e.concat("ts", np.int64),
         )
-        self.result.planted_double_charges.append((at.date(), original, key))
+        term, attempt = self.batch.term[pay], e.concat("attempt", np.int32)
+        columns = [
+            uuid4_strings(fleet.rng, len(pay)),
+            _ts(ts),
+            self._merchant(pay),
+            _take(fleet.terminal_names, term, mask=~e.concat("known", np.bool_)),
+            self.keys.take(pa.array(key)),
+            _take(pa.array(ENDPOINTS), e.concat("endpoint", np.int64)),
+            _take(pa.array(OUTCOMES), e.concat("outcome", np.int64)),
+            pa.array(e.concat("status", np.int32)),
+            pa.array(attempt, mask=attempt == 0),
+            _take(fleet.network_names, fleet.links.network[term]),
+            pa.array(e.concat("latency", np.float64)),
+        ]
+        return pa.Table.from_arrays(columns, schema=TABLES["request_events"]), ts // DAY
 
-    # ----------------------------------------------------------------- days
-    def day_payments(self, day: date) -> None:
-        start = datetime.combine(day, time.min, tzinfo=UTC)
-        target = self.result.events + self.config.events_per_day
-        while self.result.events < target:
-            hour = self.rng.triangular(0, 24, 14)  # busier in the afternoon
-            self.payment(self.rng.choice(self.terminals), start + timedelta(hours=hour))
+    def transactions(self) -> tuple[pa.Table, np.ndarray]:
+        t, fleet, batch = self.batch.txns, self.fleet, self.batch
+        pay, created = t.concat("pay", np.int64), t.concat("created", np.int64)
+        reversed_at = t.concat("reversed_at", np.int64)
+        card = fleet.links.merchant[batch.term[pay]] * CARDS_PER_MERCHANT + batch.card[pay]
+        columns = [
+            self.keys.take(pa.array(t.concat("key", np.int64))),
+            self._merchant(pay),
+            _take(fleet.terminal_names, batch.term[pay]),
+            _take(pa.array(KINDS), t.concat("kind", np.int64)),
+            pa.array(batch.amount[pay]),
+            _take(pa.array(["BRL"]), np.zeros(len(pay), np.int64)),
+            fleet.fingerprints.take(pa.array(card)),
+            _take(pa.array(TXN_STATUSES), t.concat("status", np.int64)),
+            _ts(created),
+            _ts(t.concat("processed", np.int64)),
+            _ts(reversed_at, mask=reversed_at < 0),
+        ]
+        return pa.Table.from_arrays(columns, schema=TABLES["transactions"]), created // DAY
 
-    def plant_violations(self, rows: list[Row]) -> list[Row]:
-        planted = []
-        charges = [r for r in rows if r[5] == "charge"]
-        for row in self.rng.sample(charges, min(self.config.violations, len(charges))):
-            planted.append((self._uuid(), *row[1:6], row[6] + timedelta(seconds=1)))
-        self.result.planted_violations += len(planted)
+    def ledger(self) -> tuple[pa.Table, np.ndarray]:
+        le = self.batch.entries
+        pay, created = le.concat("pay", np.int64), le.concat("created", np.int64)
+        columns = [
+            uuid4_strings(self.fleet.rng, len(pay)),
+            self.keys.take(pa.array(le.concat("key", np.int64))),
+            self._merchant(pay),
+            pa.array(le.concat("amount", np.int64)),
+            _take(pa.array(["BRL"]), np.zeros(len(pay), np.int64)),
+            _take(pa.array(ENTRY_KINDS), le.concat("kind", np.int64)),
+            _ts(created),
+        ]
+        return pa.Table.from_arrays(columns, schema=TABLES["ledger_entries"]), created // DAY
+
+    def double_charges(self) -> list[tuple[date, str, str]]:
+        planted: list[tuple[date, str, str]] = []
+        for original, new, at in self.batch.bug_keys:
+            firsts = self.keys.take(pa.array(original)).to_pylist()
+            seconds = self.keys.take(pa.array(new)).to_pylist()
+            days = [datetime.fromtimestamp(a / SECOND, UTC).date() for a in at.tolist()]
+            planted.extend(zip(days, firsts, seconds, strict=True))
         return planted
 
 
-def _batches(table: str, rows: list[Row]) -> Iterator[pa.RecordBatch]:
-    schema = TABLES[table]
-    for offset in range(0, len(rows), 100_000):
-        chunk = rows[offset : offset + 100_000]
-        columns = list(zip(*chunk, strict=True))
-        arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+def _plant_violations(rng: np.random.Generator, ledger: pa.Table, k: int, day: date) -> pa.Table:
+    """``k`` second charge entries for charges of ``day`` (1 s later, still that day)."""
+    end = datetime.combine(day + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+    last = pa.scalar(end - timedelta(seconds=1), type=pa.timestamp("us", tz="UTC"))
+    is_charge = pc.and_(pc.equal(ledger["kind"], "charge"), pc.less(ledger["created_at"], last))
+    charges = ledger.filter(is_charge)
+    chosen = charges.take(
+        pa.array(rng.choice(charges.num_rows, min(k, charges.num_rows), replace=False))
+    )
+    later = pc.add(chosen["created_at"], pa.scalar(timedelta(seconds=1)))
+    return chosen.set_column(0, "entry_id", uuid4_strings(rng, chosen.num_rows)).set_column(
+        6, "created_at", later
+    )
 
 
 def synthesize(config: SynthConfig) -> SynthResult:
-    fleet = Fleet(config)
-    days = [config.start + timedelta(days=i) for i in range(config.days)]
-    for i, day in enumerate(days):
-        fleet.day_payments(day)
-        tables = fleet.out.pop(day)
-        if i == 0 and config.violations:
-            tables["ledger_entries"].extend(fleet.plant_violations(tables["ledger_entries"]))
+    fleet, result = Fleet(config), SynthResult()
+    pending: dict[int, dict[str, list[pa.Table]]] = defaultdict(lambda: defaultdict(list))
+    epoch_day = (config.start - date(1970, 1, 1)).days
+
+    def write(day_number: int) -> None:
+        day = date(1970, 1, 1) + timedelta(days=day_number)
+        tables = {
+            t: pa.concat_tables(pending[day_number][t] or [TABLES[t].empty_table()]) for t in TABLES
+        }
+        pending.pop(day_number, None)
+        if day == config.start and config.violations:
+            planted = _plant_violations(fleet.rng, tables["ledger_entries"], config.violations, day)
+            tables["ledger_entries"] = pa.concat_tables([tables["ledger_entries"], planted])
+            result.planted_violations += planted.num_rows
+            result.ledger_entries += planted.num_rows
         for table, rows in tables.items():
-            path, _ = write_partition(config.lake, table, day, _batches(table, rows))
-            fleet.result.files.append(path)
-    spill = config.start + timedelta(days=config.days)  # payments that ran past midnight
-    tables = fleet.out.pop(spill)
-    if any(tables.values()):
-        for table, rows in tables.items():
-            path, _ = write_partition(config.lake, table, spill, _batches(table, rows))
-            fleet.result.files.append(path)
-    return fleet.result
+            path, _ = write_partition(config.lake, table, day, [rows])
+            result.files.append(path)
+
+    for offset in range(config.days):
+        day, produced = config.start + timedelta(days=offset), 0
+        while produced < config.events_per_day:
+            remaining = config.events_per_day - produced
+            batch = fleet.batch(day, math.ceil(remaining / EVENTS_PER_PAYMENT) + 8)
+            rows = Rows(fleet, batch)
+            for table, (rows_table, days) in {
+                "request_events": rows.events(),
+                "transactions": rows.transactions(),
+                "ledger_entries": rows.ledger(),
+            }.items():
+                for number in np.unique(days).tolist():
+                    pending[number][table].append(rows_table.filter(pa.array(days == number)))
+                setattr(
+                    result, _COUNTER[table], getattr(result, _COUNTER[table]) + rows_table.num_rows
+                )
+            produced += len(batch.events.concat("ts", np.int64))
+            result.planted_double_charges.extend(rows.double_charges())
+        write(epoch_day + offset)
+    for number in sorted(pending):  # payments that ran past the last midnight
+        write(number)
+    return result
+
+
+_COUNTER = {
+    "request_events": "events",
+    "transactions": "transactions",
+    "ledger_entries": "ledger_entries",
+}

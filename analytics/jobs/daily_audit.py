@@ -29,8 +29,9 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make `analytics`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 
-from analytics import lake_health, report, schemas, transforms  # noqa: E402
+from analytics import lake_health, money, outputs, report, schemas, transforms  # noqa: E402
 from analytics.lake_health import LakeHealth  # noqa: E402
 from analytics.session import build_session  # noqa: E402
 
@@ -61,7 +62,8 @@ class AuditResult:
 
 
 def read_table(spark: SparkSession, lake: str, table: str, health: LakeHealth) -> DataFrame:
-    """A lake table conformed to its schema, duplicate rows dropped; empty (with the
+    """A lake table conformed to its schema, as read (a row copied into two files is there
+    twice: each transform drops copies in the shuffle it does anyway); empty (with the
     schema) when it has no files.
 
     Only ``event_date=YYYY-MM-DD`` partitions are read (a stray ``event_date=D.bak/`` is
@@ -82,17 +84,43 @@ def read_table(spark: SparkSession, lake: str, table: str, health: LakeHealth) -
             transforms.conform(spark.read.parquet(*files), schema) for files in groups.values()
         ]
         df = reduce(DataFrame.unionByName, frames)
-    unique = transforms.drop_duplicate_rows(df, UNIQUE[table]).cache()
-    duplicates = df.count() - unique.count()
-    if duplicates:
+    return df
+
+
+def _report_duplicates(health: LakeHealth, table: str, *, read: int, unique: int) -> None:
+    if read > unique:
         key = ", ".join(UNIQUE[table])
-        health.add("duplicates", table, None, f"{duplicates} rows repeat a ({key}): dropped")
-    return unique
+        health.add("duplicates", table, None, f"{read - unique} rows repeat a ({key}): dropped")
 
 
-def _per_day(df: DataFrame, *, start: date, end: date) -> dict[str, int]:
-    rows = transforms.in_range(df, start=start, end=end).groupBy("event_date").count().collect()
-    return {row["event_date"].isoformat(): int(row["count"]) for row in rows}
+def _count_duplicates(df: DataFrame, table: str, health: LakeHealth) -> None:
+    """Counts rows and distinct identities (a shuffle of the identity columns only)."""
+    unique = transforms.drop_duplicate_rows(df.select(*UNIQUE[table]), UNIQUE[table]).count()
+    _report_duplicates(health, table, read=df.count(), unique=unique)
+
+
+def _per_day(df: DataFrame, counted: Any, *, start: date, end: date) -> dict[str, int]:
+    in_range = transforms.in_range(df, start=start, end=end)
+    rows = in_range.groupBy("event_date").agg(counted.alias("n")).collect()
+    return {row["event_date"].isoformat(): int(row["n"]) for row in rows}
+
+
+def _cubes(raw_events: DataFrame, health: LakeHealth) -> transforms.Cubes:
+    """The events' small tables (``transforms.Cubes``), in two passes over the lake: the
+    key facts (one shuffle by key, copies dropped there), then the event counts and
+    latencies straight from the files — through the same dedup only when the first pass
+    found copies."""
+    keys = transforms.key_cube(transforms.key_facts(transforms.events_by_key(raw_events)))
+    keys = keys.cache()
+    unique = int(keys.agg(F.sum("events")).collect()[0][0] or 0)
+    read = raw_events.count()
+    _report_duplicates(health, "request_events", read=read, unique=unique)
+    events = raw_events if read == unique else transforms.events_by_key(raw_events)
+    return transforms.Cubes(
+        keys=keys,
+        events=transforms.event_cube(events).cache(),
+        latencies=transforms.create_latencies(events).cache(),
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -128,33 +156,37 @@ def audit_tables(
     """Every output table of the audit, as DataFrames; what is wrong with the lake goes
     to ``health``."""
     health = health if health is not None else LakeHealth()
-    raw_events = read_table(spark, lake, "request_events", health)
-    events = transforms.with_event_date(raw_events, "ts").cache()
-    transactions = read_table(spark, lake, "transactions", health).cache()
+    raw_events = transforms.with_event_date(read_table(spark, lake, "request_events", health), "ts")
+    cubes = _cubes(raw_events, health)
+    transactions = read_table(spark, lake, "transactions", health)
     ledger = read_table(spark, lake, "ledger_entries", health)
+    _count_duplicates(transactions, "transactions", health)
+    _count_duplicates(ledger, "ledger_entries", health)
     lake_health.days_without_events(
-        _per_day(transforms.with_event_date(transactions, "created_at"), start=start, end=end),
-        _per_day(events, start=start, end=end),
+        _per_day(
+            transforms.with_event_date(transactions, "created_at"),
+            F.count(F.lit(1)),
+            start=start,
+            end=end,
+        ),
+        _per_day(cubes.events, F.sum("events"), start=start, end=end),
         health,
     )
-    keys = transforms.key_facts(events).cache()
-    suspects = transforms.suspected_double_charges(transactions).cache()
-    violations = transforms.exactly_once_violations(transactions, ledger).cache()
-    summary = transforms.daily_summary(
-        events, keys, suspects, violations, start=start, end=end
-    ).cache()
+    suspects = money.suspected_double_charges(transactions).cache()
+    violations = money.exactly_once_violations(transactions, ledger).cache()
+    summary = outputs.daily_summary(cubes, suspects, violations, start=start, end=end).cache()
     return {
         "daily_summary": summary,
-        "terminal_ranking": transforms.terminal_ranking(keys, start=start, end=end),
+        "terminal_ranking": outputs.terminal_ranking(cubes.keys, start=start, end=end),
         "suspected_double_charges": transforms.in_range(suspects, start=start, end=end).orderBy(
             "event_date", "merchant_id", "second_transaction_id"
         ),
         "exactly_once_violations": transforms.in_range(violations, start=start, end=end).orderBy(
             "event_date", "merchant_id", "transaction_id"
         ),
-        "network_rates": transforms.network_rates(events, keys, start=start, end=end),
-        "terminal_link_loss": transforms.terminal_link_loss(keys, start=start, end=end),
-        "daily_trend": transforms.daily_trend(summary),
+        "network_rates": outputs.network_rates(cubes, start=start, end=end),
+        "terminal_link_loss": outputs.terminal_link_loss(cubes.keys, start=start, end=end),
+        "daily_trend": outputs.daily_trend(summary),
     }
 
 
@@ -177,9 +209,12 @@ def run_audit(
     for name in OUTPUTS:
         on_stage(f"computing {name}")
         df = tables[name]
-        rows[name] = collect(df)
+        collected = df.collect()
+        rows[name] = [{k: _plain(v) for k, v in row.asDict().items()} for row in collected]
         write_csv(out / f"{name}.csv", df.columns, rows[name])
-        df.coalesce(1).write.mode("overwrite").parquet(str(out / name))
+        # The Parquet folder from the rows already collected: the query is not run twice.
+        written = spark.createDataFrame(collected, schema=df.schema).coalesce(1)
+        written.write.mode("overwrite").parquet(str(out / name))
     write_csv(out / "lake_warnings.csv", lake_health.COLUMNS, health.warnings)
     on_stage("rendering report.html")
     audit = report.AuditData(start=start, end=end, lake_warnings=health.warnings, **rows)

@@ -38,7 +38,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from analytics import duckdb_reference, transforms
+from analytics import duckdb_reference, money, outputs, transforms
 from analytics.metrics import SUMMARY_COLUMNS
 from tests.analytics.lakes import (
     D1,
@@ -115,11 +115,10 @@ def _summary(spark: SparkSession) -> DataFrame:
     events = transforms.with_event_date(frame(spark, "request_events", _events()), "ts")
     transactions = frame(spark, "transactions", _transactions())
     ledger = frame(spark, "ledger_entries", _ledger())
-    return transforms.daily_summary(
-        events,
-        transforms.key_facts(events),
-        transforms.suspected_double_charges(transactions),
-        transforms.exactly_once_violations(transactions, ledger),
+    return outputs.daily_summary(
+        transforms.cubes(events),
+        money.suspected_double_charges(transactions),
+        money.exactly_once_violations(transactions, ledger),
         start=D1,
         end=D3,
     )
@@ -205,11 +204,10 @@ def test_range_reports_nothing_outside_it_but_keys_stay_whole(spark: SparkSessio
     """--from D2 --to D2: k5 (a D1 key) is not a D2 transaction, its D2 events still count."""
     events = transforms.with_event_date(frame(spark, "request_events", _events()), "ts")
     empty_txns = frame(spark, "transactions", [])
-    summary = transforms.daily_summary(
-        events,
-        transforms.key_facts(events),
-        transforms.suspected_double_charges(empty_txns),
-        transforms.exactly_once_violations(empty_txns, frame(spark, "ledger_entries", [])),
+    summary = outputs.daily_summary(
+        transforms.cubes(events),
+        money.suspected_double_charges(empty_txns),
+        money.exactly_once_violations(empty_txns, frame(spark, "ledger_entries", [])),
         start=D2,
         end=D2,
     ).where("merchant_id = 'ALL'")

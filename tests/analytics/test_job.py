@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
 from analytics.synth import SynthConfig, SynthResult, synthesize
-from api.cli import app
+from idempay_tools.cli import app
 from tests.analytics.conftest import SHORT_LIVED_JVM
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ HEADERS = {
 def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SynthResult]:
     root = tmp_path_factory.mktemp("lake")
     config = SynthConfig(
-        lake=root, days=3, events_per_day=1500, seed=6, start=FIRST, merchants=3, violations=1
+        lake=root, days=3, events_per_day=1500, seed=11, start=FIRST, merchants=3, violations=1
     )
     return root, synthesize(config)
 

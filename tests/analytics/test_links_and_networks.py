@@ -34,7 +34,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from analytics import duckdb_reference, transforms
+from analytics import duckdb_reference, money, outputs, transforms
 from analytics.jobs.daily_audit import collect
 from analytics.metrics import LINK_LOSS_COLUMNS, NETWORK_COLUMNS, RANKING_COLUMNS
 from tests.analytics.lakes import D1, D2, as_dicts, assert_rows_equal, ev, frame, write_lake
@@ -156,21 +156,20 @@ LINK_LOSS = [
 
 def _spark_tables(spark: SparkSession) -> dict[str, DataFrame]:
     events = transforms.with_event_date(frame(spark, "request_events", _events()), "ts")
-    keys = transforms.key_facts(events)
+    cubes = transforms.cubes(events)
     txns = frame(spark, "transactions", [])
-    summary = transforms.daily_summary(
-        events,
-        keys,
-        transforms.suspected_double_charges(txns),
-        transforms.exactly_once_violations(txns, frame(spark, "ledger_entries", [])),
+    summary = outputs.daily_summary(
+        cubes,
+        money.suspected_double_charges(txns),
+        money.exactly_once_violations(txns, frame(spark, "ledger_entries", [])),
         start=D1,
         end=D2,
     )
     return {
         "daily_summary": summary,
-        "terminal_ranking": transforms.terminal_ranking(keys, start=D1, end=D2),
-        "network_rates": transforms.network_rates(events, keys, start=D1, end=D2),
-        "terminal_link_loss": transforms.terminal_link_loss(keys, start=D1, end=D2),
+        "terminal_ranking": outputs.terminal_ranking(cubes.keys, start=D1, end=D2),
+        "network_rates": outputs.network_rates(cubes, start=D1, end=D2),
+        "terminal_link_loss": outputs.terminal_link_loss(cubes.keys, start=D1, end=D2),
     }
 
 

@@ -13,7 +13,7 @@ from pyspark.sql.types import (
 )
 from pyspark.testing import assertDataFrameEqual
 
-from analytics import transforms
+from analytics import money
 from tests.analytics.lakes import D1, D2, entry, frame, txn
 
 SUSPECTS = StructType(
@@ -72,7 +72,7 @@ def test_suspects_are_the_planted_new_key_duplicates_and_nothing_else(
         txn("m1", "2026-11-20 23:59:30"),
         txn("m2", "2026-11-21 00:00:20"),  # across midnight: dated by the later one (D2)
     ]
-    actual = transforms.suspected_double_charges(frame(spark, "transactions", transactions))
+    actual = money.suspected_double_charges(frame(spark, "transactions", transactions))
     expected = [
         (D1, "mer_a", "T-1", "fp-card-1", 1250, "BRL", "s1", "s2", 120.0),
         (D1, "mer_a", "T-1", "fp-card-1", 1250, "BRL", "t1", "t2", 30.0),
@@ -100,7 +100,7 @@ def test_exactly_once_violations_flags_planted_ones(spark: SparkSession) -> None
         entry("e10", "v4", "2026-11-21 07:00:00", merchant="mer_b"),  # B has no v4
         entry("e11", "ghost-refund", "2026-11-21 08:00:00", amount=-10, kind="refund"),
     ]
-    actual = transforms.exactly_once_violations(
+    actual = money.exactly_once_violations(
         frame(spark, "transactions", transactions), frame(spark, "ledger_entries", ledger)
     )
     expected = [
@@ -122,7 +122,7 @@ def test_exactly_once_violations_is_empty_on_a_healthy_ledger(spark: SparkSessio
         entry("e2", "h2", "2026-11-20 10:00:01"),
         entry("e3", "h2", "2026-11-20 10:10:00", amount=-1250, kind="reversal"),
     ]
-    actual = transforms.exactly_once_violations(
+    actual = money.exactly_once_violations(
         frame(spark, "transactions", transactions), frame(spark, "ledger_entries", ledger)
     )
     assert actual.count() == 0
