@@ -20,7 +20,7 @@ from api.auth import Authenticator
 from api.config import Settings
 from api.context import AppContext
 from api.db import create_engine
-from api.errors import ApiError, problem_response
+from api.errors import ApiError, ValidationFailedError, problem_response, unexpected
 from api.events.writer import EventWriter
 from api.http_limits import BodyDeadlineMiddleware
 from api.idempotency.cache import ResponseCache
@@ -28,7 +28,6 @@ from api.idempotency.completer import Completer
 from api.logs import configure_logging
 from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
-from api.storage_errors import storage_unavailable
 from api.transactions.http import MAX_BODY_BYTES
 from api.transactions.inline import InlineWriter
 from api.transactions.issuer import SimulatedIssuer
@@ -202,15 +201,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestIdMiddleware)
     app.include_router(ops_router)
     app.include_router(transactions_router)
-    _install_error_handlers(app)
+    _install_error_handlers(app, settings)
     _install_openapi(app)
     return app
 
 
-def _install_error_handlers(app: FastAPI) -> None:
+def _install_error_handlers(app: FastAPI, settings: Settings) -> None:
+    """The app's exception handlers render through ``api.errors.problem_response``, as the
+    transaction routes do (``router._Call``): one rendering, Retry-After from settings."""
+
+    def render(error: ApiError) -> Response:
+        return problem_response(error, retry_after_seconds=settings.retry_after_seconds)
+
     @app.exception_handler(ApiError)
     async def on_api_error(_request: Request, exc: ApiError) -> Response:
-        return problem_response(exc)
+        return render(exc)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(_request: Request, exc: RequestValidationError) -> Response:
@@ -218,30 +223,25 @@ def _install_error_handlers(app: FastAPI) -> None:
             {"loc": list(err.get("loc", [])), "msg": err.get("msg", ""), "type": err.get("type")}
             for err in exc.errors()
         ]
-        return problem_response(
-            ApiError(422, "validation_error", "The request is invalid.", extra={"errors": errors})
-        )
+        return render(ValidationFailedError("The request is invalid.", extra={"errors": errors}))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(_request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return problem_response(
+        return render(
             ApiError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
         )
 
     @app.exception_handler(Exception)
     async def on_unexpected(_request: Request, exc: Exception) -> Response:
-        if storage_unavailable(exc):
-            return problem_response(
-                ApiError(
-                    503,
-                    "service_unavailable",
-                    "Storage unavailable; nothing was processed.",
-                    headers={"Retry-After": "1"},
-                )
-            )
-        log.exception("unhandled_error", error=type(exc).__name__)
-        return problem_response(ApiError(500, "internal_error", "Internal error."))
+        error = unexpected(
+            exc,
+            unavailable="Storage unavailable; nothing was processed.",
+            internal="Internal error.",
+        )
+        if error.status == 500:
+            log.exception("unhandled_error", error=type(exc).__name__)
+        return render(error)
 
 
 def _install_openapi(app: FastAPI) -> None:

@@ -64,6 +64,11 @@ CONFLICTS = Counter(
 RECOVERIES = Counter(
     "idempay_recoveries_total", "Keys taken over by the completer, by result.", ["result"]
 )
+LATE_VOID_FAILURES = Counter(
+    "idempay_late_void_failures_total",
+    "Voids of a late issuer answer (its key fenced meanwhile) that failed; the fence's own "
+    "void and its transaction.aborted outbox event stand.",
+)
 EVENTS_DROPPED = Counter("idempay_events_dropped_total", "Request events dropped (queue full).")
 CACHE = Counter("idempay_cache_total", "Redis response cache lookups by result.", ["result"])
 OUTBOX_PUBLISHED = Counter("idempay_outbox_published_total", "Outbox events published.")

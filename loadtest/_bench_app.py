@@ -41,7 +41,7 @@ async def create_bypassed(request: Request) -> Response:
         body = decode(await read_body(request))
         await ctx.limiter.check(key_hash, body.terminal_id)
     except ApiError as error:
-        return problem_response(error)
+        return problem_response(error, retry_after_seconds=ctx.settings.retry_after_seconds)
     now = utcnow()
     async with atomic(service.engine) as conn:
         auth = await service.issuer.authorize(

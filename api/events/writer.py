@@ -21,6 +21,7 @@ import contextlib
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import structlog
@@ -35,6 +36,27 @@ log = structlog.get_logger("idempay.events")
 SHUTDOWN_DRAIN_SECONDS = 10.0
 
 
+class RequestOutcome(StrEnum):
+    """A request event's ``outcome`` (SPEC §5); the values are in the database and the lake."""
+
+    CREATED = "created"  # create
+    REPLAYED = "replayed"
+    IN_PROGRESS = "in_progress"  # create, abort
+    KEY_REUSED = "key_reused"
+    ABORTED = "aborted"  # create, abort
+    EXPIRED = "expired"
+    REJECTED = "rejected"  # create, reversal
+    ERROR = "error"
+    FOUND = "found"  # lookup
+    PROCESSING = "processing"
+    NOT_FOUND = "not_found"
+    FENCED = "fenced"
+    ALREADY_PROCESSED = "already_processed"  # abort
+    REVERSED = "reversed"  # reversal
+    ALREADY_REVERSED = "already_reversed"
+    NOT_RECORDED = ""  # no request event: a lookup or abort refused before it named a key
+
+
 def _new_event_id() -> str:
     return str(uuid.uuid4())
 
@@ -46,7 +68,7 @@ class Event:
     terminal_id: str | None
     idempotency_key: str | None
     endpoint: str
-    outcome: str
+    outcome: RequestOutcome
     http_status: int
     attempt: int | None
     network: str | None

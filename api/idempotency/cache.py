@@ -15,7 +15,8 @@ restore and ``idempay admin new-epoch`` no entry from before is read again. Unti
 epoch is known the cache is off.
 
 Postgres decides every claim; nothing here grants ownership. Every key has a TTL. Every
-Redis error degrades to "miss" and opens a one-second circuit so a dead Redis costs one
+Redis error (``REDIS_ERRORS``, through ``ResponseCache._call``) degrades to "miss" and
+opens a one-second circuit so a dead Redis costs one
 failed call per second, not one per request.
 """
 
@@ -23,14 +24,20 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
+from redis.exceptions import RedisError
 
 from api.metrics import CACHE
 
 log = structlog.get_logger("idempay.cache")
+T = TypeVar("T")
+# What a sick Redis raises (redis-py wraps most socket errors in RedisError): these degrade;
+# anything else is a bug and propagates.
+REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, ConnectionError, TimeoutError, OSError)
 CIRCUIT_SECONDS = 1.0
 APPROVED_OR_DECLINED, REVERSED = 1, 2  # a transaction's states, in the only order they go
 FENCED = "fenced"
@@ -94,19 +101,28 @@ class ResponseCache:
         CACHE.labels("error").inc()
         log.warning("redis_degraded", error=type(exc).__name__)
 
+    async def _call(self, op: Callable[[Any], Awaitable[T]], default: T) -> T:
+        """``op(redis)`` when the cache is usable; on a Redis error, log, count, open the
+        circuit and degrade to ``default`` (a miss, or nothing written)."""
+        if not self._usable():
+            return default
+        try:
+            return await op(self._redis)
+        except REDIS_ERRORS as exc:
+            self._trip(exc)
+            return default
+
     async def before_create(
         self, merchant_id: str, key: str
     ) -> tuple[CachedResponse | None, str | None]:
         """(completed response, in-flight fingerprint) in one round trip."""
-        if not self._usable():
+        if not self._usable():  # the common case without Redis: no call, no circuit check
             return None, None
-        try:
-            raw, busy = await self._redis.mget(  # type: ignore[union-attr]
-                self._key("resp", merchant_id, key), self._key("busy", merchant_id, key)
-            )
-        except Exception as exc:
-            self._trip(exc)
+        names = (self._key("resp", merchant_id, key), self._key("busy", merchant_id, key))
+        found = await self._call(lambda redis: redis.mget(*names), None)
+        if found is None:
             return None, None
+        raw, busy = found
         CACHE.labels("hit" if raw else "miss").inc()
         cached = None
         if raw:
@@ -133,24 +149,22 @@ class ResponseCache:
         value = json.dumps(
             {"fp": fingerprint, "status": status, "body": body.decode(), "t": terminal_id}
         )
-        try:
-            pipe = self._redis.pipeline(transaction=False)  # type: ignore[union-attr]
+
+        async def put(redis: Any) -> None:
+            pipe = redis.pipeline(transaction=False)
             pipe.set(self._key("resp", merchant_id, key), value, ex=self._ttl)
             if created:
                 txn = self._key("txn", merchant_id, key)
                 pipe.eval(_PUT_VERSIONED, 1, txn, APPROVED_OR_DECLINED, body, self._lookup_ttl)
             await pipe.execute()
-        except Exception as exc:
-            self._trip(exc)
+
+        await self._call(put, None)
 
     async def get_lookup(self, merchant_id: str, key: str) -> bytes | None:
         if not self._usable():
             return None
-        try:
-            raw = await self._redis.get(self._key("txn", merchant_id, key))  # type: ignore[union-attr]
-        except Exception as exc:
-            self._trip(exc)
-            return None
+        name = self._key("txn", merchant_id, key)
+        raw = await self._call(lambda redis: redis.get(name), None)
         body = bytes(raw).split(b":", 1)[1] if raw else b""
         CACHE.labels("hit" if body else "miss").inc()
         return body or None  # the reversal's bare marker is a miss: ask the database
@@ -170,13 +184,10 @@ class ResponseCache:
         await self._delete(self._key("txn", merchant_id, key))
 
     async def mark_busy(self, merchant_id: str, key: str, fingerprint: str) -> None:
-        if not self._usable():
-            return
-        name = self._key("busy", merchant_id, key)
-        try:  # never over a fence's marker
-            await self._redis.set(name, fingerprint, ex=self._busy_ttl, nx=True)  # type: ignore[union-attr]
-        except Exception as exc:
-            self._trip(exc)
+        name = self._key("busy", merchant_id, key)  # nx: never over a fence's marker
+        await self._call(
+            lambda redis: redis.set(name, fingerprint, ex=self._busy_ttl, nx=True), None
+        )
 
     async def clear_busy(self, merchant_id: str, key: str) -> None:
         await self._delete(self._key("busy", merchant_id, key))
@@ -187,28 +198,15 @@ class ResponseCache:
         await self._set(self._key("busy", merchant_id, key), FENCED, self._busy_ttl)
 
     async def _put_versioned(self, merchant_id: str, key: str, version: int, body: bytes) -> None:
-        if not self._usable():
-            return
         # A reversed entry is final: it outlives any writer that could still hold an older read.
         ttl = self._ttl if version == REVERSED else self._lookup_ttl
         name = self._key("txn", merchant_id, key)
-        try:
-            await self._redis.eval(_PUT_VERSIONED, 1, name, version, body, ttl)  # type: ignore[union-attr]
-        except Exception as exc:
-            self._trip(exc)
+        await self._call(
+            lambda redis: redis.eval(_PUT_VERSIONED, 1, name, version, body, ttl), None
+        )
 
     async def _set(self, name: str, value: str | bytes, ttl: int) -> None:
-        if not self._usable():
-            return
-        try:
-            await self._redis.set(name, value, ex=ttl)  # type: ignore[union-attr]
-        except Exception as exc:
-            self._trip(exc)
+        await self._call(lambda redis: redis.set(name, value, ex=ttl), None)
 
     async def _delete(self, name: str) -> None:
-        if not self._usable():
-            return
-        try:
-            await self._redis.delete(name)  # type: ignore[union-attr]
-        except Exception as exc:
-            self._trip(exc)
+        await self._call(lambda redis: redis.delete(name), None)

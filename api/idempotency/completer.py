@@ -33,12 +33,13 @@ import structlog
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from api.db import atomic, utcnow
+from api.db import utcnow
 from api.idempotency import store
-from api.idempotency.store import KeyRecord
+from api.idempotency.store import KeyRecord, KeyState
 from api.metrics import RECOVERIES
 from api.models import IdempotencyKey
-from api.transactions.schemas import TransactionCreate
+from api.transactions import recovery
+from api.transactions.recovery import Recovered
 from api.transactions.service import TransactionService
 
 log = structlog.get_logger("idempay.completer")
@@ -56,7 +57,7 @@ async def due_per_merchant(
     rank = func.row_number().over(partition_by=IdempotencyKey.merchant_id, order_by=order)
     ranked = (
         select(*store._COLUMNS, rank.label("rank"))
-        .where(IdempotencyKey.state == store.PROCESSING, IdempotencyKey.lease_until < now)
+        .where(IdempotencyKey.state == KeyState.PROCESSING, IdempotencyKey.lease_until < now)
         .subquery()
     )
     columns = [ranked.c[column.key] for column in store._COLUMNS]
@@ -83,7 +84,7 @@ class Completer:
         self.slots = slots
         self.per_merchant = per_merchant or max(1, slots // 4)
         self.reserve = max(1, slots // 8)
-        self.recovered = {"completed": 0, "aborted": 0, "pending": 0}
+        self.recovered = {Recovered.COMPLETED: 0, Recovered.ABORTED: 0, Recovered.PENDING: 0}
         self._running: dict[_Key, asyncio.Task[None]] = {}
         self._busy: Counter[str] = Counter()  # merchant -> keys of it being re-driven
         self._backoff: dict[_Key, tuple[int, float]] = {}  # -> (failures, not before)
@@ -164,40 +165,19 @@ class Completer:
 
     async def _recover(self, record: KeyRecord) -> None:
         try:
-            result = await self._redrive(record)
+            recovered = await recovery.recover(self.service, record, now=utcnow())
         except Exception as exc:  # storage down: the lease runs out, next tick tries again
             log.warning("key_recovery_failed", error=type(exc).__name__, key=record.key)
             return
-        if result is None:
+        if recovered.result == Recovered.LOST:
             return
-        if result == "pending":
+        if recovered.result == Recovered.PENDING:
             self._back_off(record)
         else:
             self._backoff.pop((record.merchant_id, record.key), None)
-        self._count(result, record)
+        self._count(recovered.result, record)
 
-    async def _redrive(self, record: KeyRecord) -> str | None:
-        now = utcnow()
-        async with atomic(self.service.engine) as conn:
-            token = await store.take_over(
-                conn, record, now=now, lease_s=self.service.settings.lease_seconds
-            )
-        if token is None:
-            return None
-        if await self.service.settle(record, token, now) is None:
-            return "aborted"
-        body = TransactionCreate.model_validate_json(record.request or "{}")
-        outcome = await self.service.drive(
-            record.merchant_id,
-            record.key,
-            body,
-            token=token,
-            created_at=record.created_at,
-            event="created",
-        )
-        return "completed" if outcome.status == 201 else "pending"
-
-    def _count(self, result: str, record: KeyRecord) -> None:
+    def _count(self, result: Recovered, record: KeyRecord) -> None:
         self.recovered[result] += 1
         RECOVERIES.labels(result).inc()
         log.info("key_recovered", result=result, merchant_id=record.merchant_id, key=record.key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import ColumnElement, Row, bindparam, select, update
@@ -18,10 +19,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from api.db import insert_if_absent
 from api.models import IdempotencyKey
 
-PROCESSING = "processing"
-COMPLETED = "completed"
-ABORTED = "aborted"
-EXPIRED = "expired"
+
+class KeyState(StrEnum):
+    """A key's state (the ``state`` column; the values are in the database and the lake)."""
+
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    EXPIRED = "expired"
+
+
+PROCESSING = KeyState.PROCESSING
+COMPLETED = KeyState.COMPLETED
+ABORTED = KeyState.ABORTED
+EXPIRED = KeyState.EXPIRED
 
 
 @dataclass(frozen=True, slots=True)

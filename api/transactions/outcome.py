@@ -4,32 +4,53 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from api.errors import ApiError, problem_body
+from api.errors import ApiError, error_body
+from api.events.writer import RequestOutcome
+
+
+class IdempotencyStatus(StrEnum):
+    """The ``Idempotency-Status`` header of create, lookup and abort (SPEC §2)."""
+
+    CREATED = "created"
+    REPLAYED = "replayed"
+    IN_PROGRESS = "in_progress"
+    PROCESSED = "processed"
+    NOT_FOUND = "not_found"
+    ABORTED = "aborted"
+    EXPIRED = "expired"
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     status: int
     body: bytes
-    event: str  # SPEC §5 outcome for the request event
+    event: RequestOutcome  # SPEC §5 outcome for the request event
     idempotency_status: str | None = None  # the Idempotency-Status header
     headers: dict[str, str] = field(default_factory=dict)
     problem: bool = False
     terminal_id: str | None = None
+    retry_after: bool = False  # answered with Retry-After (Settings.retry_after_seconds)
 
 
 def from_error(
-    error: ApiError, *, event: str, idempotency_status: str | None, terminal_id: str | None = None
+    error: ApiError,
+    *,
+    event: RequestOutcome,
+    idempotency_status: str | None,
+    terminal_id: str | None = None,
 ) -> Outcome:
+    """A named error as a request's answer; rendered by ``router._Call`` (api/errors.py)."""
     return Outcome(
         status=error.status,
-        body=problem_body(error.status, error.code, error.detail, error.extra),
+        body=error_body(error),
         event=event,
         idempotency_status=idempotency_status,
         headers=error.headers,
         problem=True,
         terminal_id=terminal_id,
+        retry_after=error.retry_after,
     )
 
 

@@ -7,16 +7,23 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from api.db import atomic, utcnow
-from api.errors import ApiError
+from api.errors import (
+    ApiError,
+    NotFoundError,
+    NotReversibleError,
+    RequestInProgressError,
+    TransactionAbortedError,
+)
+from api.events.writer import RequestOutcome as Event
 from api.idempotency import store
-from api.idempotency.store import KeyRecord
+from api.idempotency.store import KeyRecord, KeyState
 from api.outbox import writer as outbox
-from api.transactions import repository
+from api.transactions import recovery, repository
+from api.transactions.outcome import IdempotencyStatus as Status
 from api.transactions.outcome import Outcome, from_error, key_state_body
-from api.transactions.service import TransactionService
+from api.transactions.service import ABORTED_DETAIL, TransactionService
 
-NOT_FOUND = ApiError(404, "not_found", "Nothing was processed under this key.")
-ABORTED_DETAIL = "The key was fenced by an abort; it was not and will not be processed."
+NOT_FOUND_DETAIL = "Nothing was processed under this key."
 
 
 async def _current(service: TransactionService, record: KeyRecord) -> tuple[bytes, bool]:
@@ -40,23 +47,26 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
     await service.refresh_epoch()
     cached = await service.cache.get_lookup(merchant_id, key)
     if cached is not None:
-        return Outcome(200, cached, "found", "processed")
+        return Outcome(200, cached, Event.FOUND, Status.PROCESSED)
     record = await service.read(merchant_id, key)
     if record is None:
-        return from_error(NOT_FOUND, event="not_found", idempotency_status="not_found")
+        error: ApiError = NotFoundError(NOT_FOUND_DETAIL)
+        return from_error(error, event=Event.NOT_FOUND, idempotency_status=Status.NOT_FOUND)
     terminal = record.terminal_id
-    if record.state == store.COMPLETED:
+    if record.state == KeyState.COMPLETED:
         body, reversed_ = await _current(service, record)
         # versioned: if a reversal committed since our read, its entry wins (SPEC §3.7)
         await service.cache.put_lookup(merchant_id, key, body, reversed_=reversed_)
-        return Outcome(200, body, "found", "processed", terminal_id=terminal)
-    if record.state == store.PROCESSING:
-        return service.processing(key, terminal, "processing")
-    if record.state == store.ABORTED:
-        error = ApiError(410, "transaction_aborted", ABORTED_DETAIL)
-        return from_error(error, event="fenced", idempotency_status="aborted", terminal_id=terminal)
+        return Outcome(200, body, Event.FOUND, Status.PROCESSED, terminal_id=terminal)
+    if record.state == KeyState.PROCESSING:
+        return service.processing(key, terminal, Event.PROCESSING)
+    if record.state == KeyState.ABORTED:
+        error = TransactionAbortedError(ABORTED_DETAIL)
+        return from_error(
+            error, event=Event.FENCED, idempotency_status=Status.ABORTED, terminal_id=terminal
+        )
     body = (record.response_body or "").encode()
-    return Outcome(410, body, "fenced", "expired", problem=True, terminal_id=terminal)
+    return Outcome(410, body, Event.FENCED, Status.EXPIRED, problem=True, terminal_id=terminal)
 
 
 async def abort(service: TransactionService, merchant_id: str, key: str) -> Outcome:
@@ -66,7 +76,7 @@ async def abort(service: TransactionService, merchant_id: str, key: str) -> Outc
         now = utcnow()
         async with atomic(service.engine) as conn:
             fenced = await store.fence(
-                conn, merchant_id=merchant_id, key=key, state=store.ABORTED, now=now
+                conn, merchant_id=merchant_id, key=key, state=KeyState.ABORTED, now=now
             )
             if fenced:
                 await outbox.append(
@@ -78,7 +88,8 @@ async def abort(service: TransactionService, merchant_id: str, key: str) -> Outc
                     now=now,
                 )
         if fenced:
-            return Outcome(200, key_state_body(key, "aborted"), "aborted", "aborted")
+            body = key_state_body(key, KeyState.ABORTED)
+            return Outcome(200, body, Event.ABORTED, Status.ABORTED)
         record = await service.read(merchant_id, key)
         if record is None:
             raise RuntimeError("fenced key vanished")
@@ -99,33 +110,26 @@ def _abort_may_take_over(service: TransactionService, record: KeyRecord, now: da
 
 async def _abort_existing(service: TransactionService, record: KeyRecord) -> Outcome:
     key, terminal = record.key, record.terminal_id
-    if record.state == store.COMPLETED:
+    if record.state == KeyState.COMPLETED:
         body = await _current_body(service, record)
-        return Outcome(200, body, "already_processed", "processed", terminal_id=terminal)
-    if record.state in (store.ABORTED, store.EXPIRED):
-        return Outcome(
-            200, key_state_body(key, record.state), "aborted", record.state, terminal_id=terminal
-        )
+        return Outcome(200, body, Event.ALREADY_PROCESSED, Status.PROCESSED, terminal_id=terminal)
+    if record.state in (KeyState.ABORTED, KeyState.EXPIRED):
+        body = key_state_body(key, record.state)
+        return Outcome(200, body, Event.ABORTED, Status(record.state), terminal_id=terminal)
     now = utcnow()
     if _abort_may_take_over(service, record, now):
-        async with atomic(service.engine) as conn:
-            token = await store.take_over(
-                conn, record, now=now, lease_s=service.settings.lease_seconds
-            )
+        token = await recovery.take_over(service, record, now=now)
         if token is not None:
-            await service.fence_owned(record, token)
+            await recovery.fence(service, record, token)
         # Fenced by us, or the take-over lost to a completion or a fence: tell the truth.
         again = await service.read(record.merchant_id, key)
-        if again is not None and again.state != store.PROCESSING:
+        if again is not None and again.state != KeyState.PROCESSING:
             return await _abort_existing(service, again)
-    error = ApiError(
-        409,
-        "request_in_progress",
-        "The key is being processed right now; retry the abort after Retry-After.",
-        headers=service.retry_after(),
+    error = RequestInProgressError(
+        "The key is being processed right now; retry the abort after Retry-After."
     )
     return from_error(
-        error, event="in_progress", idempotency_status="in_progress", terminal_id=terminal
+        error, event=Event.IN_PROGRESS, idempotency_status=Status.IN_PROGRESS, terminal_id=terminal
     )
 
 
@@ -133,31 +137,30 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
     await service.refresh_epoch()
     record = await service.read(merchant_id, key)
     if record is None:
-        return from_error(NOT_FOUND, event="rejected", idempotency_status="not_found")
+        error: ApiError = NotFoundError(NOT_FOUND_DETAIL)
+        return from_error(error, event=Event.REJECTED, idempotency_status=Status.NOT_FOUND)
     terminal = record.terminal_id
-    if record.state == store.PROCESSING:
-        error = ApiError(
-            409,
-            "request_in_progress",
-            "The transaction is still being processed.",
-            headers=service.retry_after(),
-        )
+    if record.state == KeyState.PROCESSING:
+        error = RequestInProgressError("The transaction is still being processed.")
         return from_error(
-            error, event="rejected", idempotency_status="in_progress", terminal_id=terminal
+            error, event=Event.REJECTED, idempotency_status=Status.IN_PROGRESS, terminal_id=terminal
         )
-    if record.state != store.COMPLETED:
-        error = ApiError(422, "not_reversible", f"The key was {record.state}: nothing to reverse.")
+    if record.state != KeyState.COMPLETED:
+        error = NotReversibleError(f"The key was {record.state}: nothing to reverse.")
         return from_error(
-            error, event="rejected", idempotency_status=record.state, terminal_id=terminal
+            error, event=Event.REJECTED, idempotency_status=record.state, terminal_id=terminal
         )
     async with atomic(service.engine) as conn:
         txn = await repository.get(conn, merchant_id, key)
         if txn is None:
             raise RuntimeError("completed key without transaction")
         if txn.status == "declined":
-            error = ApiError(422, "not_reversible", "A declined transaction cannot be reversed.")
+            error = NotReversibleError("A declined transaction cannot be reversed.")
             return from_error(
-                error, event="rejected", idempotency_status="processed", terminal_id=terminal
+                error,
+                event=Event.REJECTED,
+                idempotency_status=Status.PROCESSED,
+                terminal_id=terminal,
             )
         # Before the commit: from here on no cache writer may store "approved" for the key,
         # whenever its database read was (SPEC §3.7).
@@ -183,5 +186,5 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
             )
     body, is_reversed = await _current(service, record)
     await service.cache.put_lookup(merchant_id, key, body, reversed_=is_reversed)
-    event = "reversed" if reversed_now else "already_reversed"
-    return Outcome(200, body, event, "processed", terminal_id=terminal)
+    event = Event.REVERSED if reversed_now else Event.ALREADY_REVERSED
+    return Outcome(200, body, event, Status.PROCESSED, terminal_id=terminal)

@@ -12,15 +12,20 @@ from starlette.responses import Response
 
 from api.context import AppContext
 from api.db import utcnow
-from api.errors import PROBLEM_JSON, ApiError, problem_body
-from api.events.writer import Event
+from api.errors import (
+    PROBLEM_JSON,
+    ApiError,
+    ServiceUnavailableError,
+    unexpected,
+    with_retry_after,
+)
+from api.events.writer import Event, RequestOutcome
 from api.idempotency.keys import body_fingerprint, parse_key, parse_uuid
 from api.metrics import CONFLICTS, LATENCY, REPLAYS, REQUESTS
-from api.storage_errors import storage_unavailable
 from api.transactions import resolution
 from api.transactions.http import attempt_header, decode, network_header, read_body
 from api.transactions.openapi import CREATE_DOC, ID_DOC, responses
-from api.transactions.outcome import Outcome, from_error
+from api.transactions.outcome import IdempotencyStatus, Outcome, from_error
 
 log = structlog.get_logger("idempay.http")
 router = APIRouter(prefix="/v1/transactions", tags=["transactions"])
@@ -42,27 +47,45 @@ class _Call:
         self.attempt = attempt_header(request) if endpoint == "create" else None
         self.network = network_header(request)
 
-    async def run(self, work: Callable[[], Awaitable[Outcome]], reject_event: str) -> Response:
+    async def run(
+        self, work: Callable[[], Awaitable[Outcome]], reject_event: RequestOutcome
+    ) -> Response:
         try:
             outcome = await work()
         except ApiError as error:
-            outcome = from_error(error, event=reject_event, idempotency_status="not_found")
+            outcome = from_error(
+                error, event=reject_event, idempotency_status=IdempotencyStatus.NOT_FOUND
+            )
         except Exception as exc:
-            if storage_unavailable(exc):
-                log.warning("storage_unavailable", endpoint=self.endpoint, error=type(exc).__name__)
-                outcome = _server_error(503, "service_unavailable", self)
-            else:
-                log.exception("internal_error", endpoint=self.endpoint)
-                outcome = _server_error(500, "internal_error", self)
+            outcome = self._unexpected(exc)
         return self.respond(outcome)
+
+    def _unexpected(self, exc: Exception) -> Outcome:
+        """503 for storage down, else 500; either way nothing was stored under the key."""
+        error = unexpected(
+            exc,
+            unavailable="Storage is unavailable; nothing was processed. Retry with the same key.",
+            internal="Internal error; nothing was stored under the key. Retry with the same key.",
+        )
+        if isinstance(error, ServiceUnavailableError):
+            log.warning("storage_unavailable", endpoint=self.endpoint, error=type(exc).__name__)
+        else:
+            log.exception("internal_error", endpoint=self.endpoint)
+        error.retry_after = True  # a retry with the same key is safe (SPEC §2)
+        create = self.endpoint == "create"
+        return from_error(
+            error,
+            event=RequestOutcome.ERROR if create else RequestOutcome.NOT_RECORDED,
+            idempotency_status=IdempotencyStatus.NOT_FOUND,
+        )
 
     def respond(self, outcome: Outcome) -> Response:
         latency = time.perf_counter() - self.started
         REQUESTS.labels(self.endpoint, outcome.event).inc()
         LATENCY.labels(self.endpoint).observe(latency)
-        if outcome.event == "replayed":
+        if outcome.event == RequestOutcome.REPLAYED:
             REPLAYS.inc()
-        elif outcome.event in ("in_progress", "key_reused"):
+        elif outcome.event in (RequestOutcome.IN_PROGRESS, RequestOutcome.KEY_REUSED):
             CONFLICTS.inc()
         if self.merchant_id is not None and self.key is not None and outcome.event:
             self.ctx.events.record(
@@ -88,27 +111,15 @@ class _Call:
             merchant_id=self.merchant_id,
             latency_ms=round(latency * 1000, 2),
         )
-        headers = dict(outcome.headers)
+        headers = with_retry_after(
+            outcome.headers,
+            wanted=outcome.retry_after,
+            seconds=self.ctx.settings.retry_after_seconds,
+        )
         if outcome.idempotency_status and self.endpoint != "reversal":
             headers["Idempotency-Status"] = outcome.idempotency_status
         media = PROBLEM_JSON if outcome.problem else "application/json"
         return Response(outcome.body, outcome.status, headers=headers, media_type=media)
-
-
-def _server_error(status: int, code: str, call: _Call) -> Outcome:
-    detail = (
-        "Storage is unavailable; nothing was processed. Retry with the same key."
-        if status == 503
-        else "Internal error; nothing was stored under the key. Retry with the same key."
-    )
-    return Outcome(
-        status,
-        problem_body(status, code, detail),
-        "error" if call.endpoint == "create" else "",
-        "not_found",
-        {"Retry-After": str(call.ctx.settings.retry_after_seconds)},
-        problem=True,
-    )
 
 
 @router.post("", status_code=201, openapi_extra=CREATE_DOC, responses=responses("create"))
@@ -136,7 +147,7 @@ async def handle_create(request: Request) -> Response:
         digest = body_fingerprint(body)
         return await ctx.service.create(call.merchant_id, call.key, body, digest)
 
-    return await call.run(work, "rejected")
+    return await call.run(work, RequestOutcome.REJECTED)
 
 
 def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:
@@ -151,7 +162,8 @@ def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:
             call.merchant_id, call.key = merchant_id, key
             return await action(ctx.service, merchant_id, key)
 
-        return await call.run(work, "rejected" if endpoint == "reversal" else "")
+        refused = RequestOutcome.REJECTED if endpoint == "reversal" else RequestOutcome.NOT_RECORDED
+        return await call.run(work, refused)
 
     return handler
 

@@ -10,55 +10,55 @@ phase 3  transaction + ledger + stored response ┘ otherwise three steps, no tr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
 import time
 from datetime import datetime, timedelta
 
+import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api.config import Settings
 from api.db import atomic, utcnow
-from api.errors import ApiError
+from api.errors import (
+    ClockSkewError,
+    IdempotencyKeyReusedError,
+    RequestExpiredError,
+    RequestInProgressError,
+    TransactionAbortedError,
+)
+from api.events.writer import RequestOutcome
 from api.idempotency import store
 from api.idempotency.cache import ResponseCache
 from api.idempotency.epoch import read_epoch
 from api.idempotency.keys import body_fingerprint, uuid7_time
-from api.idempotency.store import KeyRecord
-from api.metrics import IN_FLIGHT
+from api.idempotency.store import KeyRecord, KeyState
+from api.metrics import IN_FLIGHT, LATE_VOID_FAILURES
 from api.outbox import writer as outbox
 from api.transactions import inline as one_write
-from api.transactions import repository
+from api.transactions import recovery, repository
 from api.transactions.issuer import (
     Authorization,
     AuthorizationRequest,
     Issuer,
     derive_issuer_key,
 )
-from api.transactions.outcome import Outcome, from_error, key_state_body
+from api.transactions.outcome import IdempotencyStatus, Outcome, from_error, key_state_body
 from api.transactions.schemas import TransactionCreate
 
+log = structlog.get_logger("idempay.service")
+EPOCH_RECHECK_SECONDS = 5.0
+ABORTED_DETAIL = "The key was fenced by an abort; it was not and will not be processed."
 
-def _key_reused(idempotency_status: str, terminal_id: str | None) -> Outcome:
+
+def _key_reused(idempotency_status: IdempotencyStatus, terminal_id: str | None) -> Outcome:
     return from_error(
-        ApiError(
-            422,
-            "idempotency_key_reused",
-            "This Idempotency-Key was used with a different request body.",
-        ),
-        event="key_reused",
+        IdempotencyKeyReusedError("This Idempotency-Key was used with a different request body."),
+        event=RequestOutcome.KEY_REUSED,
         idempotency_status=idempotency_status,
         terminal_id=terminal_id,
     )
-
-
-EPOCH_RECHECK_SECONDS = 5.0
-
-
-class _KeyTaken(Exception):
-    """Another request inserted the key first: roll back and answer from its row."""
 
 
 class TransactionService:
@@ -109,9 +109,6 @@ class TransactionService:
         elif self._epoch_task is None or self._epoch_task.done():
             self._epoch_task = asyncio.create_task(self.bind_epoch())
 
-    def retry_after(self) -> dict[str, str]:
-        return {"Retry-After": str(self.settings.retry_after_seconds)}
-
     def issuer_key(self, merchant_id: str, key: str) -> str:
         return derive_issuer_key(self.settings.secret_key, merchant_id, key)
 
@@ -126,20 +123,30 @@ class TransactionService:
         async with self.reader.connect() as conn:
             return await store.get(conn, merchant_id, key)
 
-    def processing(self, key: str, terminal_id: str | None, event: str) -> Outcome:
+    async def must_read(self, merchant_id: str, key: str) -> KeyRecord:
+        record = await self.read(merchant_id, key)
+        if record is None:  # a key row is never deleted while a request can still use it
+            raise RuntimeError("claimed key vanished")
+        return record
+
+    def processing(self, key: str, terminal_id: str | None, event: RequestOutcome) -> Outcome:
+        """202: the server finishes the key itself; look it up after Retry-After."""
         return Outcome(
             202,
-            key_state_body(key, "processing"),
+            key_state_body(key, KeyState.PROCESSING),
             event,
-            "in_progress",
-            self.retry_after(),
+            IdempotencyStatus.IN_PROGRESS,
             terminal_id=terminal_id,
+            retry_after=True,
         )
 
     # ------------------------------------------------------------------ create
     async def create(
         self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str
     ) -> Outcome:
+        """Claim → authorize → commit. A committed answer in Redis first; then the common
+        case, an inline token in ONE write (api/transactions/inline.py); then the general
+        path, phase by phase (``_create_in_phases``)."""
         await self.refresh_epoch()
         cached, busy = await self.cache.before_create(merchant_id, key)
         if cached is not None:  # a committed answer: replay it, or refuse a different body
@@ -152,39 +159,29 @@ class TransactionService:
             written = await self._create_in_one_write(merchant_id, key, body, fingerprint, start)
             if written is not None:
                 return written
+        return await self._create_in_phases(merchant_id, key, body, fingerprint)
+
+    async def _create_in_phases(
+        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str
+    ) -> Outcome:
+        """The general path: an existing key answers from its row; a new one is judged
+        (clock skew, age), then claimed and driven — in one transaction when the issuer
+        answers inline, else claim, issuer call (no transaction open), guarded finish."""
         record = await self.read(merchant_id, key)  # one autocommit round trip on Postgres
         now = utcnow()
-        if record is None and (skew := self._clock_skew(body, key, now)) is not None:
-            return skew
-        claimed = False
-        outcome: Outcome | None = None
-        if record is None and not self._too_late(body, key, now):
-            try:
-                async with atomic(self.engine) as conn:
-                    if self.issuer.answers_inline(body.card.token):
-                        outcome = await self._process_inline(
-                            conn, merchant_id, key, body, fingerprint, now
-                        )
-                    else:
-                        request = body.model_dump_json()
-                        claimed = await self._claim(
-                            conn, merchant_id, key, body, fingerprint, request, now
-                        )
-                        if not claimed:
-                            raise _KeyTaken
-            except _KeyTaken:  # a concurrent request won the key between our read and insert
-                record = await self._must_read(merchant_id, key)
-        if outcome is not None:
-            await self.remember(merchant_id, key, fingerprint, outcome)
-            return outcome
-        if claimed:
-            await self.cache.mark_busy(merchant_id, key, fingerprint)
-            return await self.drive(
-                merchant_id, key, body, token=1, created_at=now, event="created"
-            )
         if record is not None:
             return await self.existing(record, fingerprint)
-        return await self._fence_expired(merchant_id, key, body, fingerprint, now)
+        if (skew := self._clock_skew(body, key, now)) is not None:
+            return skew
+        if self._too_late(body, key, now):
+            return await self._fence_expired(merchant_id, key, body, fingerprint, now)
+        if self.issuer.answers_inline(body.card.token):
+            outcome = await self._process_inline(merchant_id, key, body, fingerprint, now)
+        else:
+            outcome = await self._claim_and_drive(merchant_id, key, body, fingerprint, now)
+        if outcome is None:  # a concurrent request won the key between our read and insert
+            return await self.existing(await self.must_read(merchant_id, key), fingerprint)
+        return outcome
 
     def _fits_one_write(self, body: TransactionCreate, key: str, now: datetime) -> bool:
         """An inline token whose times need no judging: the common create."""
@@ -206,7 +203,7 @@ class TransactionService:
         if not written:
             return None
         text = rows.response_body.encode()
-        outcome = Outcome(201, text, "created", "created", terminal_id=body.terminal_id)
+        outcome = _created(text, RequestOutcome.CREATED, body.terminal_id)
         await self.remember(merchant_id, key, fingerprint, outcome)
         return outcome
 
@@ -221,7 +218,7 @@ class TransactionService:
             status=outcome.status,
             body=outcome.body,
             terminal_id=outcome.terminal_id,
-            created=outcome.event == "created",
+            created=outcome.event == RequestOutcome.CREATED,
         )
 
     def _answer_completed(
@@ -233,26 +230,23 @@ class TransactionService:
         terminal_id: str | None,
     ) -> Outcome:
         if stored_fp != fingerprint:
-            return _key_reused("processed", terminal_id)
+            return _key_reused(IdempotencyStatus.PROCESSED, terminal_id)
         return Outcome(
             status,
             body,
-            "replayed",
-            "replayed",
+            RequestOutcome.REPLAYED,
+            IdempotencyStatus.REPLAYED,
             {"Idempotent-Replayed": "true"},
             terminal_id=terminal_id,
         )
 
     def _in_progress(self, terminal_id: str | None) -> Outcome:
         return from_error(
-            ApiError(
-                409,
-                "request_in_progress",
-                "A request with this key is being processed; retry after Retry-After.",
-                headers=self.retry_after(),
+            RequestInProgressError(
+                "A request with this key is being processed; retry after Retry-After."
             ),
-            event="in_progress",
-            idempotency_status="in_progress",
+            event=RequestOutcome.IN_PROGRESS,
+            idempotency_status=IdempotencyStatus.IN_PROGRESS,
             terminal_id=terminal_id,
         )
 
@@ -279,72 +273,68 @@ class TransactionService:
             field = "the Idempotency-Key's UUIDv7 time"
         else:
             return None
-        error = ApiError(
-            422,
-            "clock_skew",
+        error = ClockSkewError(
             f"{field} is more than {self.settings.clock_skew_tolerance:g} s ahead of the "
-            "server's clock; correct the terminal's clock (nothing was stored under the key).",
+            "server's clock; correct the terminal's clock (nothing was stored under the key)."
         )
         return from_error(
-            error, event="rejected", idempotency_status="not_found", terminal_id=body.terminal_id
-        )
-
-    async def _claim(
-        self,
-        conn: AsyncConnection,
-        merchant_id: str,
-        key: str,
-        body: TransactionCreate,
-        fingerprint: str,
-        request: str,
-        now: datetime,
-    ) -> bool:
-        return await store.claim(
-            conn,
-            merchant_id=merchant_id,
-            key=key,
-            fingerprint=fingerprint,
-            request=request,
+            error,
+            event=RequestOutcome.REJECTED,
+            idempotency_status=IdempotencyStatus.NOT_FOUND,
             terminal_id=body.terminal_id,
-            now=now,
-            lease_s=self.settings.lease_seconds,
-            deadline_s=self.settings.issuer_deadline,
         )
 
-    async def _must_read(self, merchant_id: str, key: str) -> KeyRecord:
-        record = await self.read(merchant_id, key)
-        if record is None:  # a key row is never deleted while a request can still use it
-            raise RuntimeError("claimed key vanished")
-        return record
+    async def _claim_and_drive(
+        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str, now: datetime
+    ) -> Outcome | None:
+        """Phase 1 in its own transaction (the key as ``processing``, lease token 1), then
+        phases 2–3 (``drive``). None when the key existed: nothing was claimed."""
+        async with atomic(self.engine) as conn:
+            claimed = await store.claim(
+                conn,
+                merchant_id=merchant_id,
+                key=key,
+                fingerprint=fingerprint,
+                request=body.model_dump_json(),
+                terminal_id=body.terminal_id,
+                now=now,
+                lease_s=self.settings.lease_seconds,
+                deadline_s=self.settings.issuer_deadline,
+            )
+        if not claimed:
+            return None
+        await self.cache.mark_busy(merchant_id, key, fingerprint)
+        return await self.drive(
+            merchant_id, key, body, token=1, created_at=now, event=RequestOutcome.CREATED
+        )
 
     async def _process_inline(
-        self,
-        conn: AsyncConnection,
-        merchant_id: str,
-        key: str,
-        body: TransactionCreate,
-        fingerprint: str,
-        now: datetime,
-    ) -> Outcome:
+        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str, now: datetime
+    ) -> Outcome | None:
         """Phases 1–3 in one transaction: the issuer enlists, the key is inserted already
-        completed, and a lost insert race rolls everything back (issuer record included)."""
-        auth = await self.issuer.authorize(self.auth_request(merchant_id, key, body), conn=conn)
-        txn = self.new_transaction(merchant_id, key, body, auth, created_at=now)
-        text = repository.render(txn)
-        inserted = await store.insert_completed(
-            conn,
-            merchant_id=merchant_id,
-            key=key,
-            fingerprint=fingerprint,
-            terminal_id=body.terminal_id,
-            now=now,
-            response_body=text,
-        )
-        if not inserted:
-            raise _KeyTaken
-        await repository.insert_transaction(conn, txn)
-        await self._announce(conn, txn)
-        return Outcome(201, text.encode(), "created", "created", terminal_id=body.terminal_id)
+        completed. None when the key existed: everything (issuer record included) is
+        rolled back."""
+        async with atomic(self.engine) as conn:
+            auth = await self.issuer.authorize(self.auth_request(merchant_id, key, body), conn=conn)
+            txn = self.new_transaction(merchant_id, key, body, auth, created_at=now)
+            text = repository.render(txn)
+            inserted = await store.insert_completed(
+                conn,
+                merchant_id=merchant_id,
+                key=key,
+                fingerprint=fingerprint,
+                terminal_id=body.terminal_id,
+                now=now,
+                response_body=text,
+            )
+            if not inserted:
+                await conn.rollback()  # atomic() then has nothing left to commit
+                return None
+            await repository.insert_transaction(conn, txn)
+            await self._announce(conn, txn)
+        outcome = _created(text.encode(), RequestOutcome.CREATED, body.terminal_id)
+        await self.remember(merchant_id, key, fingerprint, outcome)
+        return outcome
 
     async def _announce(self, conn: AsyncConnection, txn: repository.NewTransaction) -> None:
         await outbox.append(
@@ -434,42 +424,64 @@ class TransactionService:
         *,
         token: int,
         created_at: datetime,
-        event: str,
+        event: RequestOutcome,
     ) -> Outcome:
-        """Phases 2–3 for a key we own: call the issuer (no transaction open), then finish."""
+        """Phases 2–3 for a key we own (lease ``token``): call the issuer with no
+        transaction open, then the final write guarded by the token."""
+        auth = await self._authorize(merchant_id, key, body, token)
+        if auth is None:  # no answer in time: the server finishes it (202)
+            return self.processing(key, body.terminal_id, event)
+        async with atomic(self.engine) as conn:
+            text = await self._finish(conn, merchant_id, key, body, auth, token, created_at)
+        await self.refresh_epoch()
+        await self.cache.clear_busy(merchant_id, key)
+        if text is None:
+            return await self._answer_after_lost_lease(merchant_id, key, body, event)
+        outcome = _created(text.encode(), event, body.terminal_id)
+        await self.remember(merchant_id, key, body_fingerprint(body), outcome)
+        return outcome
+
+    async def _authorize(
+        self, merchant_id: str, key: str, body: TransactionCreate, token: int
+    ) -> Authorization | None:
+        """Phase 2. None when the issuer did not answer in time: the lease is handed over
+        (the completer, or a retry, re-drives the key with the same issuer key)."""
         IN_FLIGHT.inc()
         try:
-            auth = await asyncio.wait_for(
+            return await asyncio.wait_for(
                 self.issuer.authorize(self.auth_request(merchant_id, key, body)),
                 timeout=self.settings.issuer_timeout,
             )
         except TimeoutError:
             await self._hand_over(merchant_id, key, token)
-            return self.processing(key, body.terminal_id, event)
+            return None
         except BaseException:
             await self._hand_over(merchant_id, key, token)
             raise
         finally:
             IN_FLIGHT.dec()
-        async with atomic(self.engine) as conn:
-            text = await self._finish(conn, merchant_id, key, body, auth, token, created_at)
-        await self.refresh_epoch()
-        await self.cache.clear_busy(merchant_id, key)
-        if text is None:  # someone took the key over: answer with the winner's result
-            record = await self._must_read(merchant_id, key)
-            if record.state == store.ABORTED:  # fenced while we waited: void the late answer
-                with contextlib.suppress(Exception):
-                    await self.issuer.void(
-                        self.issuer_key(merchant_id, key),
-                        amount=body.amount,
-                        currency=body.currency,
-                    )
-            if record.state == store.PROCESSING:  # re-driven by its new owner: the server
-                return self.processing(key, body.terminal_id, event)  # finishes it (202)
-            return await self.existing(record, record.fingerprint or "")
-        outcome = Outcome(201, text.encode(), event, "created", terminal_id=body.terminal_id)
-        await self.remember(merchant_id, key, body_fingerprint(body), outcome)
-        return outcome
+
+    async def _answer_after_lost_lease(
+        self, merchant_id: str, key: str, body: TransactionCreate, event: RequestOutcome
+    ) -> Outcome:
+        """Someone took the key over while the issuer answered us: the winner's result."""
+        record = await self.must_read(merchant_id, key)
+        if record.state == KeyState.ABORTED:  # fenced while we waited: void the late answer
+            await self._void_late_answer(merchant_id, key, body)
+        if record.state == KeyState.PROCESSING:  # re-driven by its new owner: the server
+            return self.processing(key, body.terminal_id, event)  # finishes it (202)
+        return await self.existing(record, record.fingerprint or "")
+
+    async def _void_late_answer(self, merchant_id: str, key: str, body: TransactionCreate) -> None:
+        """Best effort: the fence already voided within its own commit (``recovery.fence``)
+        and announced ``transaction.aborted``; this only repeats the void for our answer."""
+        try:
+            await self.issuer.void(
+                self.issuer_key(merchant_id, key), amount=body.amount, currency=body.currency
+            )
+        except Exception as exc:
+            LATE_VOID_FAILURES.inc()
+            log.warning("late_void_failed", error=type(exc).__name__, key=key)
 
     async def _hand_over(self, merchant_id: str, key: str, token: int) -> None:
         """Expire our lease now so the completer (or a retry) re-drives the key."""
@@ -490,21 +502,22 @@ class TransactionService:
         fingerprint: str,
         now: datetime,
     ) -> Outcome:
-        error = ApiError(
-            410,
-            "request_expired",
+        error = RequestExpiredError(
             "The request arrived after its expires_at, or its captured_at is older than the "
-            "retention window; the key is fenced and will never be processed.",
+            "retention window; the key is fenced and will never be processed."
         )
         outcome = from_error(
-            error, event="expired", idempotency_status="expired", terminal_id=body.terminal_id
+            error,
+            event=RequestOutcome.EXPIRED,
+            idempotency_status=IdempotencyStatus.EXPIRED,
+            terminal_id=body.terminal_id,
         )
         async with atomic(self.engine) as conn:
             fenced = await store.fence(
                 conn,
                 merchant_id=merchant_id,
                 key=key,
-                state=store.EXPIRED,
+                state=KeyState.EXPIRED,
                 now=now,
                 fingerprint=fingerprint,
                 terminal_id=body.terminal_id,
@@ -513,29 +526,35 @@ class TransactionService:
             )
         if fenced:
             return outcome
-        return await self.existing(await self._must_read(merchant_id, key), fingerprint)
+        return await self.existing(await self.must_read(merchant_id, key), fingerprint)
 
     # ---------------------------------------------------------- existing keys
     async def existing(self, record: KeyRecord, fingerprint: str) -> Outcome:
+        """Answer from a key that exists: 410 when fenced, 422 for another body, the replay
+        when completed, 409 while its lease is live — else recover it now."""
         terminal = record.terminal_id
-        if record.state == store.ABORTED:
+        if record.state == KeyState.ABORTED:
             return from_error(
-                ApiError(
-                    410,
-                    "transaction_aborted",
-                    "The key was fenced by an abort; it was not and will not be processed.",
-                ),
-                event="aborted",
-                idempotency_status="aborted",
+                TransactionAbortedError(ABORTED_DETAIL),
+                event=RequestOutcome.ABORTED,
+                idempotency_status=IdempotencyStatus.ABORTED,
                 terminal_id=terminal,
             )
-        if record.state == store.EXPIRED:
+        if record.state == KeyState.EXPIRED:
             body = (record.response_body or "").encode()
-            return Outcome(410, body, "expired", "expired", problem=True, terminal_id=terminal)
+            return Outcome(
+                410,
+                body,
+                RequestOutcome.EXPIRED,
+                IdempotencyStatus.EXPIRED,
+                problem=True,
+                terminal_id=terminal,
+            )
         if record.fingerprint != fingerprint:
-            status = "processed" if record.state == store.COMPLETED else "in_progress"
+            completed = record.state == KeyState.COMPLETED
+            status = IdempotencyStatus.PROCESSED if completed else IdempotencyStatus.IN_PROGRESS
             return _key_reused(status, terminal)
-        if record.state == store.COMPLETED:
+        if record.state == KeyState.COMPLETED:
             outcome = self._answer_completed(
                 record.fingerprint,
                 fingerprint,
@@ -548,70 +567,13 @@ class TransactionService:
         now = utcnow()
         if record.lease_live(now):
             return self._in_progress(terminal)
-        return await self._recover_inline(record, now)
+        recovered = await recovery.recover(self, record, now=now)  # its owner vanished
+        if recovered.outcome is not None:
+            return recovered.outcome
+        # Another taker won, or the key was settled past its deadline: the row as it is now.
+        again = await self.must_read(record.merchant_id, record.key)
+        return await self.existing(again, record.fingerprint or "")
 
-    async def _recover_inline(self, record: KeyRecord, now: datetime) -> Outcome:
-        """A retry found a key whose owner vanished: take it over and re-drive it now."""
-        async with atomic(self.engine) as conn:
-            token = await store.take_over(
-                conn, record, now=now, lease_s=self.settings.lease_seconds
-            )
-        if token is None:
-            return await self.existing(
-                await self._must_read(record.merchant_id, record.key), record.fingerprint or ""
-            )
-        if await self.settle(record, token, now) is None:
-            return await self.existing(
-                await self._must_read(record.merchant_id, record.key), record.fingerprint or ""
-            )
-        body = TransactionCreate.model_validate_json(record.request or "{}")
-        return await self.drive(
-            record.merchant_id,
-            record.key,
-            body,
-            token=token,
-            created_at=record.created_at,
-            event="created",
-        )
 
-    async def settle(self, record: KeyRecord, token: int, now: datetime) -> int | None:
-        """Past the issuer deadline, void the issuer call and fence the key as aborted.
-
-        Returns the token when the key is still ours to drive, None when it was settled.
-        """
-        if record.deadline_at is None or now < record.deadline_at:
-            return token
-        await self.fence_owned(record, token)
-        return None
-
-    async def fence_owned(self, record: KeyRecord, token: int) -> None:
-        """Turn a key we own into an aborted tombstone and void its issuer call, in one
-        transaction with its outbox event: fence and void commit together or not at all
-        (voiding first, in its own commit, let a stalled owner void an authorization and
-        then lose the key — found by the SPIN model, docs/protocol/). A remote acquirer
-        connector that cannot enlist voids from the ``transaction.aborted`` outbox event."""
-        now = utcnow()
-        request = TransactionCreate.model_validate_json(record.request or "{}")
-        fenced = False
-        async with atomic(self.engine) as conn:
-            if await store.fence_owned(
-                conn, merchant_id=record.merchant_id, key=record.key, token=token, now=now
-            ):
-                fenced = True
-                await self.issuer.void(
-                    self.issuer_key(record.merchant_id, record.key),
-                    amount=request.amount,
-                    currency=request.currency,
-                    conn=conn,
-                )
-                await outbox.append(
-                    conn,
-                    merchant_id=record.merchant_id,
-                    event_type=outbox.ABORTED,
-                    transaction_id=record.key,
-                    data={"id": record.key, "status": "aborted"},
-                    now=now,
-                )
-        if fenced:
-            await self.refresh_epoch()
-            await self.cache.mark_fenced(record.merchant_id, record.key)
+def _created(body: bytes, event: RequestOutcome, terminal_id: str | None) -> Outcome:
+    return Outcome(201, body, event, IdempotencyStatus.CREATED, terminal_id=terminal_id)

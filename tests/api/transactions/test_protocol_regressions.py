@@ -29,7 +29,7 @@ from api.db import atomic, create_engine, utcnow
 from api.idempotency import store
 from api.idempotency.keys import body_fingerprint
 from api.idempotency.store import KeyRecord
-from api.transactions import resolution
+from api.transactions import recovery, resolution
 from api.transactions.issuer import SimulatedIssuer
 from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
@@ -160,10 +160,10 @@ async def test_a_stale_owner_neither_voids_nor_fences_the_key_it_lost(
     assert b'"status":"approved"' in outcome.body.replace(b" ", b"")
 
     # The stalled abort resumes: service.fence_owned with the token it no longer holds.
-    await service.fence_owned(record, abort_token)
+    await recovery.fence(service, record, abort_token)
     # And a stale settle() that believes the issuer deadline has passed.
     past_deadline = dataclasses.replace(record, deadline_at=utcnow() - timedelta(seconds=1))
-    assert await service.settle(past_deadline, abort_token, utcnow()) is None
+    assert await recovery.settle(service, past_deadline, abort_token, utcnow()) is None
 
     after = await service.read(record.merchant_id, record.key)
     assert after is not None
@@ -190,7 +190,7 @@ async def test_the_owner_fences_and_voids_in_one_commit_and_a_late_driver_cannot
     record = await _claimed(service, payment)
     owner = await _take_over(service, record)
 
-    await service.fence_owned(record, owner)
+    await recovery.fence(service, record, owner)
 
     after = await service.read(record.merchant_id, record.key)
     assert after is not None and after.state == store.ABORTED
@@ -242,7 +242,7 @@ async def test_fence_and_void_roll_back_together(service: TransactionService) ->
     service.issuer = _VoidFails(service.engine, slow_seconds=0.0)
 
     with pytest.raises(RuntimeError, match="issuer connector failed"):
-        await service.fence_owned(record, owner)
+        await recovery.fence(service, record, owner)
 
     after = await service.read(record.merchant_id, record.key)
     assert after is not None
@@ -275,7 +275,7 @@ async def test_an_original_that_loses_its_final_write_to_a_re_drive_answers_202(
         event="created",
     )
     assert late.status == 202, late.body
-    assert late.idempotency_status == "in_progress" and "Retry-After" in late.headers
+    assert late.idempotency_status == "in_progress" and late.retry_after  # rendered with Retry-After
     assert b'"status":"processing"' in late.body
 
 

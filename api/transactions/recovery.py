@@ -1,0 +1,120 @@
+"""Recovery: a key whose owner is gone — take over, then settle or re-drive; fence.
+
+The one place that takes over an expired lease, used by the completer
+(``api/idempotency/completer.py``), by a create's retry that finds such a key
+(``TransactionService.existing``) and by an abort (``resolution.abort``):
+
+take over  a compare-and-set on the lease token: of any number of takers exactly one wins,
+           and the previous owner's final write (guarded by its old token) is refused;
+settle     past the issuer deadline a key is not re-driven: it is fenced;
+re-drive   phases 2–3 again with the same derived issuer key (the issuer never authorizes
+           twice for one key), through ``TransactionService.drive``;
+fence      the owner turns the key into an ``aborted`` tombstone and voids the issuer call,
+           in one transaction with its outbox event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from api.db import atomic, utcnow
+from api.events.writer import RequestOutcome
+from api.idempotency import store
+from api.idempotency.store import KeyRecord
+from api.outbox import writer as outbox
+from api.transactions.outcome import Outcome
+from api.transactions.schemas import TransactionCreate
+
+if TYPE_CHECKING:
+    from api.transactions.service import TransactionService
+
+
+class Recovered(StrEnum):
+    """What a recovery attempt did (the completer's ``idempay_recoveries_total`` labels)."""
+
+    LOST = "lost"  # someone else took the key over first: nothing done
+    ABORTED = "aborted"  # past its issuer deadline: voided and fenced
+    COMPLETED = "completed"  # re-driven to its answer
+    PENDING = "pending"  # re-driven, and the issuer still did not answer (202)
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    result: Recovered
+    outcome: Outcome | None = None  # the re-drive's answer (COMPLETED, PENDING)
+
+
+async def take_over(service: TransactionService, record: KeyRecord, *, now: datetime) -> int | None:
+    """The key's new lease token, or None when another taker (or a finish) got there first."""
+    async with atomic(service.engine) as conn:
+        return await store.take_over(conn, record, now=now, lease_s=service.settings.lease_seconds)
+
+
+async def settle(
+    service: TransactionService, record: KeyRecord, token: int, now: datetime
+) -> int | None:
+    """Past the issuer deadline, void the issuer call and fence the key as aborted.
+
+    Returns the token when the key is still ours to drive, None when it was settled.
+    """
+    if record.deadline_at is None or now < record.deadline_at:
+        return token
+    await fence(service, record, token)
+    return None
+
+
+async def recover(service: TransactionService, record: KeyRecord, *, now: datetime) -> Recovery:
+    """Take over a key whose lease expired, then settle it or re-drive it."""
+    token = await take_over(service, record, now=now)
+    if token is None:
+        return Recovery(Recovered.LOST)
+    if await settle(service, record, token, now) is None:
+        return Recovery(Recovered.ABORTED)
+    body = TransactionCreate.model_validate_json(record.request or "{}")
+    outcome = await service.drive(
+        record.merchant_id,
+        record.key,
+        body,
+        token=token,
+        created_at=record.created_at,
+        event=RequestOutcome.CREATED,
+    )
+    result = Recovered.COMPLETED if outcome.status == 201 else Recovered.PENDING
+    return Recovery(result, outcome)
+
+
+async def fence(service: TransactionService, record: KeyRecord, token: int) -> bool:
+    """Turn a key we own into an aborted tombstone and void its issuer call, in one
+    transaction with its outbox event: fence and void commit together or not at all
+    (voiding first, in its own commit, let a stalled owner void an authorization and
+    then lose the key — found by the SPIN model, docs/protocol/). A remote acquirer
+    connector that cannot enlist voids from the ``transaction.aborted`` outbox event.
+    False when the token was no longer ours (nothing changed)."""
+    now = utcnow()
+    request = TransactionCreate.model_validate_json(record.request or "{}")
+    async with atomic(service.engine) as conn:
+        fenced = await store.fence_owned(
+            conn, merchant_id=record.merchant_id, key=record.key, token=token, now=now
+        )
+        if fenced:
+            await service.issuer.void(
+                service.issuer_key(record.merchant_id, record.key),
+                amount=request.amount,
+                currency=request.currency,
+                conn=conn,
+            )
+            await outbox.append(
+                conn,
+                merchant_id=record.merchant_id,
+                event_type=outbox.ABORTED,
+                transaction_id=record.key,
+                data={"id": record.key, "status": "aborted"},
+                now=now,
+            )
+    if fenced:
+        await service.refresh_epoch()
+        await service.cache.mark_fenced(record.merchant_id, record.key)
+    return fenced
