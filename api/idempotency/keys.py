@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from api.errors import ApiError
+from api.errors import IdempotencyKeyInvalidError, IdempotencyKeyMissingError
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -26,7 +26,7 @@ def parse_key(raw: str | None) -> str:
     """
     value = None if raw is None else raw.strip(_OWS)
     if not value:
-        raise ApiError(400, "idempotency_key_missing", "Send an Idempotency-Key header (a UUID).")
+        raise IdempotencyKeyMissingError("Send an Idempotency-Key header (a UUID).")
     return parse_uuid(value, allow_quotes=True)
 
 
@@ -36,9 +36,7 @@ def parse_uuid(raw: str, *, allow_quotes: bool = False) -> str:
         value = value[1:-1]
     value = value.lower()
     if len(value) != 36 or not _UUID.fullmatch(value):
-        raise ApiError(
-            400,
-            "idempotency_key_invalid",
+        raise IdempotencyKeyInvalidError(
             "The idempotency key must be a UUID in canonical form "
             "(xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx).",
         )

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.requests import Request
 
-from api.errors import ApiError
+from api.errors import PanNotAllowedError, PayloadTooLargeError, ValidationFailedError
 from api.transactions.pan import contains_pan
 from api.transactions.schemas import TransactionCreate
 
@@ -17,10 +17,10 @@ MAX_BODY_BYTES = 16 * 1024
 NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
 
 
-def _too_large() -> ApiError:
+def _too_large() -> PayloadTooLargeError:
     # A new error each time: a shared one, raised again and again, would keep every refused
     # request's frames alive through its ever-growing __traceback__.
-    return ApiError(413, "payload_too_large", "The request body is over 16 KiB.")
+    return PayloadTooLargeError("The request body is over 16 KiB.")
 
 
 async def read_body(request: Request) -> bytes:
@@ -91,10 +91,8 @@ def _ambiguities(data: Any) -> list[dict[str, Any]]:
     return sorted(errors, key=lambda error: [str(part) for part in error["loc"]])
 
 
-def _invalid(message: str, loc: list[str | int] | None = None) -> ApiError:
-    return ApiError(
-        422,
-        "validation_error",
+def _invalid(message: str, loc: list[str | int] | None = None) -> ValidationFailedError:
+    return ValidationFailedError(
         message,
         extra={"errors": [{"loc": loc or ["body"], "msg": message, "type": "json_invalid"}]},
     )
@@ -110,18 +108,14 @@ def decode(raw: bytes) -> TransactionCreate:
     except (ValueError, RecursionError):
         raise _invalid("The body is not valid JSON.") from None
     if contains_pan(data):
-        raise ApiError(
-            422,
-            "pan_not_allowed",
+        raise PanNotAllowedError(
             "A value in the body looks like a card number (PAN). Send a card token instead; "
             "the body was not stored or logged.",
         )
     if not isinstance(data, dict):
         raise _invalid("The body must be a JSON object.")
     if ambiguities := _ambiguities(data):
-        raise ApiError(
-            422,
-            "validation_error",
+        raise ValidationFailedError(
             "The body has duplicate names or non-finite numbers; see errors.",
             extra={"errors": ambiguities},
         )
@@ -132,8 +126,8 @@ def decode(raw: bytes) -> TransactionCreate:
             {"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]}
             for err in exc.errors(include_url=False, include_input=False, include_context=False)
         ]
-        raise ApiError(
-            422, "validation_error", "The body is invalid; see errors.", extra={"errors": errors}
+        raise ValidationFailedError(
+            "The body is invalid; see errors.", extra={"errors": errors}
         ) from None
 
 
