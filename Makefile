@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-fast lint bench loadtest chaos verify services tools clean
+.PHONY: demo test test-fast lint bench loadtest chaos failover verify services tools clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,7 @@ services:
 tools:
 	./scripts/ensure_chromium.sh >/dev/null
 	@command -v spin >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin >/dev/null)
+	@command -v patroni >/dev/null && command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patroni etcd-server etcd-client >/dev/null)
 
 demo: $(STAMP)
 	$(BIN)/idempay demo
@@ -52,6 +53,13 @@ CHAOS_SEED ?= 7
 CHAOS_DURATION ?= 300
 chaos: $(STAMP)
 	$(BIN)/python -m idempay_tools.chaos --duration $(CHAOS_DURATION) --seed $(CHAOS_SEED) --report docs/reliability.md
+
+# The Postgres primary killed under a fleet: Patroni fails over to a synchronous standby,
+# then the same run without synchronous replication (docs/operations.md, "High availability").
+FAILOVER_DURATION ?= 120
+failover: $(STAMP)
+	@command -v patroni >/dev/null && command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patroni etcd-server etcd-client >/dev/null)
+	$(BIN)/python -m idempay_tools.failover --duration $(FAILOVER_DURATION) --report var/failover-report.md
 
 verify:
 	./scripts/verify.sh

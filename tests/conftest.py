@@ -61,6 +61,12 @@ def private_pg_backend(tmp_path: Path) -> Iterator[Backend]:
     yield from _private("postgres", tmp_path)
 
 
+@pytest.fixture
+def private_sqlite_backend(tmp_path: Path) -> Iterator[Backend]:
+    """``private_backend`` on the embedded SQLite only."""
+    yield from _private("sqlite", tmp_path)
+
+
 @pytest.fixture(scope="session", params=["postgres", "sqlite"])
 def backend(request: pytest.FixtureRequest) -> Backend:
     """The contract suite runs on both storage backends."""
@@ -77,6 +83,7 @@ _KIND_FIXTURES = {
         "sqlite_backend",
         "private_backend",
         "private_pg_backend",
+        "private_sqlite_backend",
         "backend",
         "deployed_db",
         "database",
@@ -91,6 +98,7 @@ _KIND_PATHS = {
         "tests/loadtest/",
         "tests/idempay_tools/test_chaos",  # test_chaos.py, test_chaos_proxy.py
         "tests/idempay_tools/test_simulate_cli.py",
+        "tests/idempay_tools/test_failover.py",  # etcd + Patroni + two PostgreSQL nodes
     ),
     "spark": ("tests/analytics/", "tests/deploy/test_audit_as_scheduled.py"),
     "server": ("tests/deploy/", "tests/client_sdk/test_integration_", "tests/api/fuzz/"),
