@@ -33,7 +33,19 @@ TABLES = {
 
 @pytest.fixture
 async def ctx(private_backend: Backend) -> AsyncIterator[AppContext]:
-    settings = private_backend.settings.model_copy(update={"db_pool_size": 4})  # shared PG
+    async for context in _context(private_backend):
+        yield context
+
+
+@pytest.fixture
+async def sqlite_ctx(private_sqlite_backend: Backend) -> AsyncIterator[AppContext]:
+    """SQLite's writer thread: the embedded backend only."""
+    async for context in _context(private_sqlite_backend):
+        yield context
+
+
+async def _context(backend: Backend) -> AsyncIterator[AppContext]:
+    settings = backend.settings.model_copy(update={"db_pool_size": 4})  # shared PG
     context = build_context(settings)
     assert context.service.inline is not None
     try:
@@ -144,8 +156,9 @@ async def test_a_failing_statement_leaves_nothing_and_spares_its_batch(
 
 
 async def test_sqlite_group_commit_answers_each_create_after_its_batch(
-    sqlite_path_backend: Backend, ctx: AppContext
+    private_sqlite_backend: Backend, sqlite_ctx: AppContext
 ) -> None:
+    ctx = sqlite_ctx
     writer = ctx.service.inline
     assert isinstance(writer, SqliteInline)
     request, fingerprint = _request()
@@ -156,13 +169,14 @@ async def test_sqlite_group_commit_answers_each_create_after_its_batch(
     assert all(outcome.event == "created" for outcome in outcomes)
     assert writer.writer.jobs >= len(keys)
     assert writer.writer.batches < writer.writer.jobs  # many creates per commit
-    rows = await _sql(sqlite_path_backend, 'SELECT count(*) FROM "transaction"')
+    rows = await _sql(private_sqlite_backend, 'SELECT count(*) FROM "transaction"')
     assert rows[0][0] == len(keys)
 
 
 async def test_sqlite_reads_do_not_wait_for_the_write_lock(
-    sqlite_path_backend: Backend, ctx: AppContext
+    private_sqlite_backend: Backend, sqlite_ctx: AppContext
 ) -> None:
+    ctx = sqlite_ctx
     """A writer holds the database lock; a lookup's key read still answers at once."""
     key = str(uuid.uuid4())
     request, fingerprint = _request()
@@ -178,13 +192,6 @@ async def test_sqlite_reads_do_not_wait_for_the_write_lock(
         holder.close()
     assert record is not None and record.state == "completed"
     assert (found.status, found.event) == (200, "found")
-
-
-@pytest.fixture
-def sqlite_path_backend(private_backend: Backend) -> Backend:
-    if private_backend.name != "sqlite":
-        pytest.skip("SQLite's writer thread")
-    return private_backend
 
 
 async def test_lookup_renders_the_transaction_as_committed_now(ctx: AppContext) -> None:

@@ -275,7 +275,8 @@ async def test_an_original_that_loses_its_final_write_to_a_re_drive_answers_202(
         event="created",
     )
     assert late.status == 202, late.body
-    assert late.idempotency_status == "in_progress" and late.retry_after  # rendered with Retry-After
+    # rendered with Retry-After
+    assert late.idempotency_status == "in_progress" and late.retry_after
     assert b'"status":"processing"' in late.body
 
 
