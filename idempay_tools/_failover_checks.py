@@ -73,7 +73,7 @@ async def check(
                 .where(OutboxEvent.merchant_id.in_(everyone))
                 .group_by(OutboxEvent.merchant_id)
             )
-            per_merchant = rows.all()
+            per_merchant = [tuple(int(value or 0) for value in row[1:]) for row in rows.all()]
             fives = await conn.execute(
                 select(RequestEvent.http_status, func.count())
                 .where(RequestEvent.merchant_id.in_(everyone), RequestEvent.http_status >= 500)
@@ -84,8 +84,8 @@ async def check(
     finally:
         await engine.dispose()
     outbox = Outbox(
-        events=sum(int(r[1]) for r in per_merchant),
-        unsent=sum(int(r[1]) - int(r[2]) for r in per_merchant),
-        seq_gaps=sum(int(r[3]) - int(r[4]) for r in per_merchant),
+        events=sum(r[0] for r in per_merchant),
+        unsent=sum(r[0] - r[1] for r in per_merchant),
+        seq_gaps=sum(r[2] - r[3] for r in per_merchant),
     )
     return FailoverChecks(fleet, probed, outbox, status_5xx, f"127.0.0.1:{port}")
