@@ -12,8 +12,24 @@ def storage_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, STORAGE_ERRORS):
         return True
     if isinstance(exc, sqlalchemy.exc.DBAPIError):
-        return exc.connection_invalidated or exc.statement is None
+        if exc.connection_invalidated or exc.statement is None:
+            return True
+        return _sqlstate(exc.orig).startswith(UNAVAILABLE_SQLSTATES)
     return False
+
+
+# Connection exception, insufficient resources, operator intervention (shutdown, crash,
+# cannot connect now), and a read-only transaction: the node we reach was demoted (failover).
+UNAVAILABLE_SQLSTATES = ("08", "53", "57", "25006")
+
+
+def _sqlstate(orig: BaseException | None) -> str:
+    """The SQLSTATE behind a driver error (asyncpg via SQLAlchemy's adapter), or ""."""
+    for candidate in (orig, getattr(orig, "__cause__", None)):
+        code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if isinstance(code, str):
+            return code
+    return ""
 
 
 STORAGE_ERRORS: tuple[type[BaseException], ...] = (

@@ -74,12 +74,16 @@ READ_TRANSACTION = (
 )
 
 # "The database cannot serve us now" (class 08 connection, 53 resources, 57 operator
-# intervention, a connection closed under us): 503, retry-safe. Statement errors stay 500.
+# intervention, 25006 a primary demoted under us, a connection closed or left in a broken
+# state mid-operation — seen as InternalClientError during a Patroni switchover): 503,
+# retry-safe with the same key. Statement errors stay 500.
 _UNAVAILABLE = (
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.InsufficientResourcesError,
     asyncpg.OperatorInterventionError,
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 
