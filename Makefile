@@ -64,5 +64,15 @@ failover: $(STAMP)
 verify:
 	./scripts/verify.sh
 
+# Every image of deploy/compose.yaml without a registry (deploy/local/README.md): needs root,
+# debootstrap and a running dockerd. Not part of `make test`.
+images: $(STAMP)
+	./deploy/local/build_images.sh
+
+# The compose stack for real: fleet through the chaos proxy with an API replica killed,
+# SPEC §8 invariants, the audit in the Spark image, then down -v. Not part of `make test`.
+deploy-check: images
+	./deploy/local/deploy_check.sh
+
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

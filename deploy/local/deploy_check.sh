@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# `make deploy-check`: the compose stack run for real, then taken down.
+#   1. compose up (deploy/compose.yaml + compose.local.yaml + compose.check.yaml) from the
+#      images `make images` built, on free loopback ports, with fresh random secrets;
+#   2. an API key (`migrate admin create-key`), `/readyz` through nginx;
+#   3. `idempay simulate` from the host through the chaos proxy to nginx's published port;
+#      one API container is SIGKILLed mid-run (and started again, as an orchestrator would);
+#      the simulator then checks the SPEC §8 invariants against the stack's Postgres;
+#   4. the audit in its container: `--profile audit run --rm audit` (export + spark-submit);
+#   5. compose down -v: containers, network and volumes removed (images kept; DEPLOY_CHECK_RMI=1
+#      removes the five images too).
+# Only the project's own containers and 127.0.0.1 are ever targets. Output in var/deploy-check/.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+out="$root/var/deploy-check"
+rm -rf "$out" && mkdir -p "$out"
+free_port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+export IDEMPAY_PROJECT="idempay-check-$$"
+export IDEMPAY_COMPOSE_EXTRA="$root/deploy/local/compose.check.yaml"
+export IDEMPAY_HTTP_BIND=127.0.0.1 IDEMPAY_HTTP_PORT="$(free_port)" IDEMPAY_CHECK_PG_PORT="$(free_port)"
+POSTGRES_PASSWORD="$(openssl rand -hex 24)"
+IDEMPAY_SECRET_KEY="$(openssl rand -base64 48)"
+export POSTGRES_PASSWORD IDEMPAY_SECRET_KEY
+compose() { "$root/deploy/local/compose.sh" "$@"; }
+teardown() {
+  compose --profile audit logs --no-color >"$out/compose.log" 2>&1 || true
+  compose --profile audit down -v --remove-orphans >/dev/null 2>&1 || true
+  if [ "${DEPLOY_CHECK_RMI:-0}" = 1 ]; then
+    docker image rm idempay:local idempay-spark:local idempay/postgres:15-local \
+      idempay/redis:7-local idempay/nginx:local >/dev/null 2>&1 || true
+  fi
+  left="$(docker ps -aq --filter "label=com.docker.compose.project=$IDEMPAY_PROJECT")"
+  [ -z "$left" ] && echo "down: nothing of $IDEMPAY_PROJECT left" || echo "down: LEFT $left" >&2
+}
+trap teardown EXIT
+url="http://127.0.0.1:$IDEMPAY_HTTP_PORT"
+
+start=$SECONDS
+compose up -d --no-build >"$out/up.log" 2>&1
+until curl -fsS "$url/readyz" >"$out/readyz.json" 2>/dev/null; do
+  (( SECONDS - start < 180 )) || { echo "no /readyz after 180 s" >&2; exit 1; }
+  sleep 1
+done
+echo "up: $url/readyz $(cat "$out/readyz.json") after $((SECONDS - start)) s"
+key="$(compose run --rm migrate admin create-key --merchant deploy-check 2>/dev/null | grep -o 'idp_[A-Za-z0-9_-]*' | tail -n1)"
+
+export IDEMPAY_DATABASE_URL="postgresql+asyncpg://idempay:$POSTGRES_PASSWORD@127.0.0.1:$IDEMPAY_CHECK_PG_PORT/idempay"
+victim="$(compose ps -q api-1)"
+start=$SECONDS
+nice -n 5 .venv/bin/idempay simulate --url "$url" --api-key "$key" --via-proxy \
+  --terminals "${FLEET_TERMINALS:-16}" --payments "${FLEET_PAYMENTS:-150}" --loss 0.05 --seed 7 \
+  --workdir "$out/fleet" >"$out/simulate.log" 2>&1 &
+fleet=$!
+sleep "${KILL_AFTER_S:-2}"
+kill -0 "$fleet" 2>/dev/null || { echo "the fleet ended before the kill: raise FLEET_PAYMENTS" >&2; exit 1; }
+docker kill "$victim" >/dev/null
+echo "killed api-1 ($victim) $((SECONDS - start)) s into the fleet"
+sleep 3
+docker start "$victim" >/dev/null
+rc=0; wait "$fleet" || rc=$?
+grep -E "terminals ×|payments |approved|declined|duplicates|lost|in-doubt|payments/s|invariant|all invariants|FAIL" "$out/simulate.log" | tr -d '│┃' | sed 's/  */ /g'
+echo "fleet: exit $rc after $((SECONDS - start)) s"
+[ "$rc" = 0 ] || exit "$rc"
+
+start=$SECONDS
+AUDIT_DATE="$(date -u +%F)" compose --profile audit run --rm audit >"$out/audit.log" 2>&1
+grep -E "^(transactions|duplicate_requests|suspected_double_charges|exactly_once_violations|report): " "$out/audit.log"
+echo "audit: ok in $((SECONDS - start)) s"
+grep -q '^exactly_once_violations: 0$' "$out/audit.log"
+grep -q '^suspected_double_charges: 0$' "$out/audit.log"
