@@ -196,6 +196,28 @@ def new_epoch() -> None:
     old, new = asyncio.run(run())
     typer.echo(f"previous epoch: {old or '-'}")
     typer.echo(f"new epoch: {new}")
+    if settings.redis_url:
+        told = asyncio.run(_announce_epoch(settings, new))
+        typer.echo(
+            "Redis told: running servers re-read the epoch before serving from the cache"
+            if told
+            else "Redis not reachable: running servers follow within 5 s (stop them first)"
+        )
+
+
+async def _announce_epoch(settings: Settings, epoch: str) -> bool:
+    """Tell running servers through Redis: a cache read that meets another epoch than its
+    own serves nothing and re-reads the database's (SPEC §3.6). Kept as long as a response."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(settings.redis_url or "", socket_timeout=settings.redis_timeout)
+    try:
+        await client.set(f"{settings.redis_prefix}epoch", epoch, ex=max(1, int(settings.cache_ttl)))
+        return True
+    except (aioredis.RedisError, OSError):
+        return False
+    finally:
+        await client.aclose()
 
 
 @admin.command("list-keys")

@@ -72,6 +72,7 @@ class ResponseCache:
         self._busy_ttl = max(1, int(busy_ttl))
         self._open_until = 0.0
         self._epoch: str | None = None
+        self.epoch_suspect = False  # Redis names a newer epoch: re-read it before serving
 
     @property
     def enabled(self) -> bool:
@@ -84,6 +85,22 @@ class ResponseCache:
     def bind_epoch(self, epoch: str | None) -> None:
         """The database's epoch; entries of any other epoch are never read."""
         self._epoch = epoch
+        self.epoch_suspect = False
+
+    @property
+    def epoch_marker(self) -> str:
+        """Where ``idempay admin new-epoch`` announces the new epoch to running servers."""
+        return f"{self._prefix}epoch"
+
+    def _current(self, marker: bytes | None) -> bool:
+        """Whether an answer read beside the epoch marker may be served: not when the
+        marker names another epoch (a restore was announced and this server has not
+        re-read the database's epoch yet) — then nothing is served until it has."""
+        if marker is not None and marker.decode() != self._epoch:
+            self.epoch_suspect = True
+            CACHE.labels("stale_epoch").inc()
+            return False
+        return True
 
     def _key(self, kind: str, merchant_id: str, key: str) -> str:
         # {merchant} is a Redis Cluster hash tag: one merchant's keys share a slot.
@@ -118,11 +135,17 @@ class ResponseCache:
         """(completed response, in-flight fingerprint) in one round trip."""
         if not self._usable():  # the common case without Redis: no call, no circuit check
             return None, None
-        names = (self._key("resp", merchant_id, key), self._key("busy", merchant_id, key))
+        names = (
+            self._key("resp", merchant_id, key),
+            self._key("busy", merchant_id, key),
+            self.epoch_marker,
+        )
         found = await self._call(lambda redis: redis.mget(*names), None)
         if found is None:
             return None, None
-        raw, busy = found
+        raw, busy, marker = found
+        if not self._current(marker):
+            return None, None
         CACHE.labels("hit" if raw else "miss").inc()
         cached = None
         if raw:
@@ -163,8 +186,11 @@ class ResponseCache:
     async def get_lookup(self, merchant_id: str, key: str) -> bytes | None:
         if not self._usable():
             return None
-        name = self._key("txn", merchant_id, key)
-        raw = await self._call(lambda redis: redis.get(name), None)
+        names = (self._key("txn", merchant_id, key), self.epoch_marker)
+        found = await self._call(lambda redis: redis.mget(*names), None)
+        raw, marker = found if found is not None else (None, None)
+        if not self._current(marker):
+            return None
         body = bytes(raw).split(b":", 1)[1] if raw else b""
         CACHE.labels("hit" if body else "miss").inc()
         return body or None  # the reversal's bare marker is a miss: ask the database

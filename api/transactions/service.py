@@ -101,6 +101,10 @@ class TransactionService:
     async def refresh_epoch(self) -> None:
         """Before using the cache: the first time, wait for the epoch; after that re-read it
         every few seconds in the background, so a running server follows a new epoch."""
+        if self.cache.enabled and self.cache.epoch_suspect:
+            await self.bind_epoch()  # a new epoch was announced: re-read it before serving
+            self._epoch_due = time.monotonic() + EPOCH_RECHECK_SECONDS
+            return
         if not self.cache.enabled or time.monotonic() < self._epoch_due:
             return
         self._epoch_due = time.monotonic() + EPOCH_RECHECK_SECONDS

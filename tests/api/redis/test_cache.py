@@ -163,11 +163,11 @@ def _restore(backend: Backend, where: Path) -> None:
         shutil.copyfile(where, var / "idempay.db")
 
 
-def _new_epoch(backend: Backend) -> subprocess.CompletedProcess[str]:
+def _new_epoch(backend: Backend, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "api", "admin", "new-epoch"],
         cwd=ROOT,
-        env={**os.environ, **backend.env},
+        env={**os.environ, **backend.env, **extra},
         capture_output=True,
         text=True,
         timeout=60,
@@ -213,6 +213,43 @@ def test_a_restored_database_is_never_contradicted_by_redis(
     assert charges[0][0] == 1
     assert renewed.returncode == 0, renewed.stderr
     assert "epoch" in renewed.stdout
+
+
+def test_a_restore_under_running_servers_is_never_contradicted_by_redis(
+    private_pg_backend: Backend, private_redis: RedisServer
+) -> None:
+    """The hostile review's R1: servers left running through a restore kept serving the old
+    epoch's answers for up to 5 s after `idempay admin new-epoch` (the epoch was re-read in
+    the background). new-epoch now announces the epoch in Redis, and a cache read that meets
+    another epoch serves nothing: the very first request after it asks the database."""
+    backend = private_pg_backend
+    api_key = backend.api_key("merchant-live-restore")
+    server = backend.server(IDEMPAY_REDIS_URL=private_redis.url)
+    api = Api(server.url, api_key)
+    key = new_key()
+    try:
+        assert api.create(key).status_code == 201
+        assert api.lookup(key).status_code == 200  # the create and the lookup are cached
+        for table, column in (
+            ("ledger_entry", "transaction_id"),
+            ("outbox_event", "transaction_id"),
+            ('"transaction"', "id"),
+            ("idempotency_key", "key"),
+        ):  # what restoring a backup taken before K does to K
+            backend.sql(f"DELETE FROM {table} WHERE {column} = :k", k=key)
+        renewed = _new_epoch(backend, IDEMPAY_REDIS_URL=private_redis.url)
+        assert renewed.returncode == 0, renewed.stderr
+        assert "Redis told" in renewed.stdout
+        assert_problem(api.lookup(key), 404, "not_found")
+        retry = api.create(key)
+    finally:
+        server.stop()
+    assert retry.status_code == 201, retry.text
+    assert retry.headers["idempotency-status"] == "created"
+    charges = backend.sql(
+        "SELECT count(*) FROM ledger_entry WHERE transaction_id = :k AND kind = 'charge'", k=key
+    )
+    assert charges[0][0] == 1
 
 
 def test_a_leftover_busy_marker_does_not_hide_a_fence(
