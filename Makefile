@@ -64,8 +64,8 @@ failover: $(STAMP)
 verify:
 	./scripts/verify.sh
 
-# Every image of deploy/compose.yaml without a registry (deploy/local/README.md): needs root,
-# debootstrap and a running dockerd. Not part of `make test`.
+# Every image of deploy/compose.yaml without a registry (deploy/README.md, "Without a
+# registry"): needs root, debootstrap and a running dockerd. Not part of `make test`.
 images: $(STAMP)
 	./deploy/local/build_images.sh
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make images`: every image the compose stack runs, built on this machine without a
-# registry or a package index (deploy/local/README.md).
+# registry or a package index (deploy/README.md, "Without a registry").
 #   1. the Debian bases, by debootstrap from the mirror the apt sources name + docker import;
 #   2. the wheelhouse on the host (pip wheel at the tested virtualenv's versions);
 #   3. idempay:local and idempay-spark:local (deploy/local/Dockerfile*), installed --no-index;
