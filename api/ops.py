@@ -17,7 +17,10 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
+async def healthz(response: Response) -> dict[str, str]:
+    # Terminals read the server's clock off this answer's Date (their first-payment clock
+    # check): a cache must never hand them a stale one.
+    response.headers["Cache-Control"] = "no-store"
     return {"status": "ok"}
 
 

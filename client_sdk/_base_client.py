@@ -173,8 +173,8 @@ class BaseClient:
         against the middle of the round trip. Only quick round trips count: an answer the
         network held for seconds would skew the estimate by as much."""
         date = response.headers.get("date")
-        if not date:
-            return
+        if not date or "x-request-id" not in response.headers:
+            return  # only idempay's own answers: a proxy's error page may carry any Date
         received_at = self._ctx.clock()
         if not 0 <= received_at - sent_at <= MAX_CLOCK_SAMPLE_RTT_S:
             return

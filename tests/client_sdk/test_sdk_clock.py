@@ -44,6 +44,7 @@ class World:
             json=problem,
             headers={
                 "Date": format_datetime(server, usegmt=True),
+                "X-Request-Id": "req-fake",
                 "Content-Type": "application/problem+json",
                 "Idempotency-Status": "not_found",
             },  # fmt: skip
