@@ -70,7 +70,7 @@ images: $(STAMP)
 	./deploy/local/build_images.sh
 
 # The compose stack for real: fleet through the chaos proxy with an API replica killed,
-# SPEC §8 invariants, the audit in the Spark image, then down -v. Not part of `make test`.
+# contract §8 invariants, the audit in the Spark image, then down -v. Not part of `make test`.
 deploy-check: images
 	./deploy/local/deploy_check.sh
 

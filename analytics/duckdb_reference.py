@@ -1,4 +1,4 @@
-"""SPEC §5 in DuckDB SQL: daily_summary, terminal_ranking and network_rates, a single-node
+"""contract §5 in DuckDB SQL: daily_summary, terminal_ranking and network_rates, a single-node
 reference for the benchmark and an independent second implementation of the contract (the
 benchmark compares the two engines' answers row by row, and the analytics tests hold both
 to the same hand-computed values). quantile_cont is the same linear interpolation as

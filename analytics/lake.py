@@ -1,4 +1,4 @@
-"""The lake's physical contract (SPEC §5): Arrow schemas and the day-partition writer.
+"""The lake's physical contract (contract §5): Arrow schemas and the day-partition writer.
 
 One definition shared by ``idempay export`` (the server's data), ``idempay lake synth``
 (synthetic data) and the tests. Layout::

@@ -1,4 +1,4 @@
-"""The audit's output columns, in SPEC §5's order (the CSV headers are part of the contract).
+"""The audit's output columns, in contract §5's order (the CSV headers are part of the contract).
 
 Plain lists, no Spark: the job, the report and the DuckDB reference all name columns from
 here.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 FLEET = "ALL"
 
-# daily_summary: event_date, merchant_id, then the metric table of SPEC §5 in order.
+# daily_summary: event_date, merchant_id, then the metric table of contract §5 in order.
 METRIC_COLUMNS = [
     "transactions",
     "create_requests",

@@ -1,4 +1,4 @@
-"""The money checks of SPEC §5 as pure ``DataFrame → DataFrame`` transforms: suspected
+"""The money checks of contract §5 as pure ``DataFrame → DataFrame`` transforms: suspected
 double charges (new-key duplicates the idempotency key could not catch) and exactly-once
 violations (a transaction charged twice, or a charge without a transaction).
 

@@ -1,4 +1,4 @@
-"""The audit's output tables (SPEC §5) from the small tables of ``analytics.transforms``
+"""The audit's output tables (contract §5) from the small tables of ``analytics.transforms``
 (``Cubes``) and the money checks (``analytics.money``): sums over a few thousand rows, each
 ending in an explicit ``select`` — its output contract.
 

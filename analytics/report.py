@@ -1,4 +1,4 @@
-"""``report.html``: the finance report, one self-contained file (SPEC §5).
+"""``report.html``: the finance report, one self-contained file (contract §5).
 
 Inline CSS and inline SVG charts only: no script, no font, no image, no URL, so it opens
 offline exactly as it was written. Every exactly-once violation is named in a red banner

@@ -1,4 +1,4 @@
-"""Spark schemas of the lake's three tables (SPEC §5), the input contract of the transforms.
+"""Spark schemas of the lake's three tables (contract §5), the input contract of the transforms.
 
 They mirror ``analytics.lake``'s Arrow schemas column for column (a test keeps the two in
 step). ``event_date`` is not part of them: it is derived from each row's own UTC timestamp

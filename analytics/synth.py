@@ -2,7 +2,7 @@
 
 A fleet of merchants and terminals, each terminal on one link (GPRS, 3G, 4G, Wi-Fi,
 Ethernet) with its own loss rate and latency. Every payment follows the terminal protocol
-of SPEC §4 and leaves the request events the server would record (SPEC §5), plus the
+of contract §4 and leaves the request events the server would record (contract §5), plus the
 transaction and ledger rows of what was processed (``analytics.synth_fleet``: the
 protocol's paths, vectorised with numpy; the rows become Arrow columns without a Python
 object per row, so 10 M events take well under a minute).

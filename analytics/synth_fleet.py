@@ -1,5 +1,5 @@
 """The synthetic fleet's payments, vectorised: numpy arrays of payments step through the
-terminal protocol of SPEC §4 together (one numpy operation per step, never a Python loop
+terminal protocol of contract §4 together (one numpy operation per step, never a Python loop
 per payment), leaving the rows the server would record as column arrays.
 
 The protocol, per payment (the same paths and probabilities as a terminal on its link):

@@ -1,4 +1,4 @@
-"""The daily audit's metrics (SPEC §5) as pure ``DataFrame → DataFrame`` transforms.
+"""The daily audit's metrics (contract §5) as pure ``DataFrame → DataFrame`` transforms.
 
 Inputs are the lake's three tables (``analytics.schemas``); no transform reads or writes
 anything, and each ends in an explicit ``select``: its output contract. The attribution

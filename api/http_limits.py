@@ -42,7 +42,7 @@ _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header 
 
 
 def _idempotency_status(path: str) -> list[tuple[bytes, bytes]]:
-    """Create, lookup and abort always carry ``Idempotency-Status`` (SPEC §2); a request
+    """Create, lookup and abort always carry ``Idempotency-Status`` (contract §2); a request
     refused before it was read stored nothing under its key."""
     if path.startswith("/v1/transactions") and not path.rstrip("/").endswith("/reversal"):
         return [(b"idempotency-status", b"not_found")]

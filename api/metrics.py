@@ -47,7 +47,7 @@ OUTCOMES = {
     "lookup": ("found", "processing", "not_found", "fenced"),
     "abort": ("aborted", "already_processed", "in_progress"),
     "reversal": ("reversed", "already_reversed", "rejected"),
-}  # fmt: skip  (SPEC §5's outcome vocabulary)
+}  # fmt: skip  (contract §5's outcome vocabulary)
 for _endpoint, _outcomes in OUTCOMES.items():
     LATENCY.labels(_endpoint)
     for _outcome in _outcomes:

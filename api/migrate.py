@@ -25,7 +25,7 @@ def alembic_config(settings: Settings) -> Config:
 
 
 def migrate(settings: Settings) -> None:
-    """Upgrade to head and make sure the database has its epoch (SPEC §3.6; kept, never
+    """Upgrade to head and make sure the database has its epoch (contract §3.6; kept, never
     renewed here: ``idempay admin new-epoch`` does that after a restore). Runs its own
     event loops: call it outside a running loop."""
     if settings.is_sqlite:

@@ -172,7 +172,7 @@ class OutboxEvent(Base):
 
 
 class DatabaseEpoch(Base):
-    """The database's identity for the Redis cache (SPEC §3.6): one row, written at
+    """The database's identity for the Redis cache (contract §3.6): one row, written at
     ``idempay migrate`` and renewed by ``idempay admin new-epoch`` after a restore."""
 
     __tablename__ = "database_epoch"

@@ -1,4 +1,4 @@
-"""Retention (SPEC §3.5, README "Retention policy").
+"""Retention (contract §3.5, README "Retention policy").
 
 Processed keys live as long as their transactions (forever). Tombstones (``aborted``,
 ``expired``) are deleted after ``IDEMPAY_TOMBSTONE_RETENTION`` +

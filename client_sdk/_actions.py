@@ -1,4 +1,4 @@
-"""The protocol's decision table (SPEC §4), as one pure function.
+"""The protocol's decision table (contract §4), as one pure function.
 
 ``next_action(phase, reply, now=..., expect=...)`` maps what the server (or the network)
 answered in a phase to what the terminal does next. A transaction (or fence) body is an

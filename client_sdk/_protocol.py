@@ -1,4 +1,4 @@
-"""The payment protocol of SPEC §4 as a sans-I/O generator (see ``_effects``).
+"""The payment protocol of contract §4 as a sans-I/O generator (see ``_effects``).
 
 ``pay`` journals a new payment (leased to its driver) and drives it; ``recover`` settles
 what the journal still owes. ``drive`` runs the create/lookup loop until the deadline, then

@@ -8,7 +8,7 @@
   ``connections`` threads (each key holds an issuer call until its timeout, then the
   completer re-drives it until the issuer deadline voids it), while a victim merchant sends
   ``tok_issuer_timeout`` payments (the first issuer call times out, the completer finishes
-  the key about a second after the 202) and follows each by lookup. SPEC §2: every victim
+  the key about a second after the 202) and follows each by lookup. contract §2: every victim
   payment must end approved, within the issuer deadline, whatever the flood does.
 
 Both talk straight to the API (not through the chaos proxy): the link's faults are the

@@ -1,5 +1,5 @@
 """The failover harness's checks, run against whichever node is primary at the end (the
-multi-host URL with ``target_session_attrs=read-write`` finds it): SPEC §8's invariants
+multi-host URL with ``target_session_attrs=read-write`` finds it): contract §8's invariants
 (``idempay_tools.invariants``) for the fleet and the probe, the outbox relayed without a
 gap in any merchant's ``seq``, and the 5xx answers the server logged."""
 

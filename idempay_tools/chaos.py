@@ -1,5 +1,5 @@
 """``make chaos``: a terminal fleet through the chaos proxy while faults land on a seeded
-schedule; then SPEC §8's invariants and the ledger balance per merchant.
+schedule; then contract §8's invariants and the ledger balance per merchant.
 
     python -m idempay_tools.chaos [--duration 300] [--seed 7] [--terminals 12]
                              [--report docs/reliability.md] [--keep]
@@ -28,7 +28,7 @@ variant) each kind once.
 
 After the run the terminals stop selling and settle their journals, the completer and the
 relay drain, the API stops (flushing its request events), a final export runs, and the
-checks run: SPEC §8 on the database and the journals (``idempay_tools.invariants``), every outbox
+checks run: contract §8 on the database and the journals (``idempay_tools.invariants``), every outbox
 event relayed, nothing stuck processing, no 500 answered, no terminal process died on its
 own, no payment refused for a skewed clock, no raw storage error after a send, no stale
 answer after the restore, every victim of the flood approved in time, and the lake
@@ -276,7 +276,7 @@ class Run:
     def _look_up_restored(self, dumped: float, stopped: float, most: int = 100) -> None:
         """Before anything else runs on the restored database: look up the payments that
         were processed between the dump and the stop. The database has none of those
-        committed after the dump; an answer 200 for one of them came from Redis (SPEC §3.6)."""
+        committed after the dump; an answer 200 for one of them came from Redis (contract §3.6)."""
         api_keys = {t.terminal_id: t.config.api_key for t in self.terminals}
         processed = [
             key

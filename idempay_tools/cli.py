@@ -1,4 +1,4 @@
-"""``idempay``: one entry point to everything (SPEC §6).
+"""``idempay``: one entry point to everything (contract §6).
 
 The server's app (``api/cli.py``: serve, migrate, admin, relay, completer, purge, export)
 mounted as is, plus the tooling's commands: ``simulate``, ``demo``, ``audit`` and
@@ -50,7 +50,7 @@ def simulate(
         str | None, typer.Option(help="Where the journals go (default: a temp dir).")
     ] = None,
 ) -> None:
-    """A terminal fleet through the SDK on a lossy link, then the SPEC §8 invariants."""
+    """A terminal fleet through the SDK on a lossy link, then the contract §8 invariants."""
     from pathlib import Path
 
     from rich.console import Console

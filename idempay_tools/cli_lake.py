@@ -1,4 +1,4 @@
-"""``idempay audit`` and ``idempay lake synth`` (SPEC §5–6); ``idempay export`` is the
+"""``idempay audit`` and ``idempay lake synth`` (contract §5–6); ``idempay export`` is the
 server's (``api/cli.py``).
 
 Registered by ``idempay_tools/cli.py``. pyspark and the analytics package are imported

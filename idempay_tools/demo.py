@@ -1,7 +1,7 @@
-"""``idempay demo``: the main job end to end on the embedded default (SPEC §6).
+"""``idempay demo``: the main job end to end on the embedded default (contract §6).
 
 A server on embedded SQLite (or ``IDEMPAY_DATABASE_URL``), a terminal fleet through the
-chaos proxy at GPRS-like loss for about a minute, the SPEC §8 invariants, then the lake
+chaos proxy at GPRS-like loss for about a minute, the contract §8 invariants, then the lake
 export of the day(s) the run touched, the Spark audit, and the headline figures with the
 path of ``report.html``.
 """
@@ -45,7 +45,7 @@ def run_demo(
     if not report.ok:
         console.print(f"[red]invariants failed: {', '.join(report.failed())}[/]")
         return False
-    console.print("[green]SPEC §8 invariants hold: 0 duplicates, 0 lost[/]")
+    console.print("[green]contract §8 invariants hold: 0 duplicates, 0 lost[/]")
 
     console.rule("2/3 · export to the Parquet lake")
     days = _days(started, datetime.now(UTC).date())

@@ -1,4 +1,4 @@
-"""SPEC §8: the invariants every fleet, load and chaos run is checked against.
+"""contract §8: the invariants every fleet, load and chaos run is checked against.
 
 ``check_invariants(engine, merchant_ids=..., reported=..., journals=...)`` reads the
 database (SQLAlchemy Core on an ``AsyncEngine``; Postgres or the embedded SQLite) and the
@@ -159,7 +159,7 @@ async def check_invariants(
     journals: Sequence[str | os.PathLike[str]] = (),
     restored_away: Collection[str] = frozenset(),
 ) -> InvariantReport:
-    """Check SPEC §8 for ``merchant_ids``. ``reported`` maps each key to what the SDK
+    """Check contract §8 for ``merchant_ids``. ``reported`` maps each key to what the SDK
     reported (approved | declined | reversed | aborted; in_doubt counts as not definitive;
     anything else, e.g. rejected, is not checked); outcomes recorded in ``journals`` are
     added to it (the journal wins: it is durable)."""

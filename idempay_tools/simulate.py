@@ -1,4 +1,4 @@
-"""``idempay simulate``: a terminal fleet on a lossy link through the SDK, then SPEC §8.
+"""``idempay simulate``: a terminal fleet on a lossy link through the SDK, then contract §8.
 
 Each terminal is its own ``client_sdk.Client`` with its own journal file and sells
 ``payments`` cards one after the other (mostly ``tok_visa_*``, a few ``tok_decline_*``,

@@ -8,7 +8,7 @@ inside its HTTP transport, so the point is exact:
 - ``before``: the journal has the payment, nothing has left the terminal (the first
   create is about to be sent). The terminal showed nothing; the app, like the one in
   issue 24, runs ``recover()`` at boot without showing its results, so the cashier re-runs
-  the sale with a new key. SPEC §4: ``recover()`` never sells, so the old key is fenced
+  the sale with a new key. contract §4: ``recover()`` never sells, so the old key is fenced
   and the customer pays once.
 - ``after``: the create reached the server and its answer is thrown away. The boot
   screen shows what ``recover()`` found for the interrupted payment; the cashier re-runs

@@ -1,5 +1,5 @@
 """``idempay simulate`` and ``idempay demo``'s fleet step: start a server (unless a URL is
-given), mint a merchant key, run the fleet (``idempay_tools.simulate``), check SPEC §8
+given), mint a merchant key, run the fleet (``idempay_tools.simulate``), check contract §8
 (``idempay_tools.invariants``) and render the run as a rich table."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def describe(config: FleetConfig, result: FleetResult) -> str:
 
 
 def render(config: FleetConfig, result: FleetResult, report: InvariantReport) -> Table:
-    """The run as a table: outcomes, round trips, and each SPEC §8 invariant."""
+    """The run as a table: outcomes, round trips, and each contract §8 invariant."""
     from rich.table import Table
 
     tally = result.tally()

@@ -1,4 +1,4 @@
-"""Locust scenarios of a terminal fleet against idempay (SPEC §1 "Load tests").
+"""Locust scenarios of a terminal fleet against idempay (contract §1 "Load tests").
 
     IDEMPAY_API_KEY=... locust -f loadtest/locustfile.py --headless -u 50 -r 10 \
         --run-time 60s --host http://127.0.0.1:8001 LossyTerminal SdkTerminal

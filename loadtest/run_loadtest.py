@@ -1,4 +1,4 @@
-"""``make loadtest``: the Locust fleet through the chaos proxy, then SPEC §8 on the database.
+"""``make loadtest``: the Locust fleet through the chaos proxy, then contract §8 on the database.
 
     python -m loadtest.run_loadtest [--run-time 60s] [--users 50] [--workers 2] [--loss 0.035]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start the local Postgres and Redis the test suite talks to, if they are installed and not
-# running. Safe to run repeatedly. Tests never mock them (SPEC §8, STYLE.md habit 9).
+# running. Safe to run repeatedly. Tests never mock them (contract §8, STYLE.md habit 9).
 set -euo pipefail
 
 pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }

@@ -1,4 +1,4 @@
-"""The daily audit job: read the lake → transforms → write the outputs (SPEC §5).
+"""The daily audit job: read the lake → transforms → write the outputs (contract §5).
 
     spark-submit analytics/jobs/daily_audit.py --from 2026-11-01 --to 2026-11-07 \\
         --lake lake --out out [--master local[2]]
@@ -231,7 +231,7 @@ def describe(warning: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="idempay daily audit (SPEC §5)")
+    parser = argparse.ArgumentParser(description="idempay daily audit (contract §5)")
     parser.add_argument("--from", dest="start", type=date.fromisoformat, required=True)
     parser.add_argument("--to", dest="end", type=date.fromisoformat, required=True)
     parser.add_argument("--lake", required=True, help="lake root (request_events/, …)")

@@ -2,7 +2,7 @@
 
 Reads with SQLAlchemy Core on the configured database (Postgres or the embedded SQLite):
 ``request_event`` by ``ts``, ``transaction`` and ``ledger_entry`` by ``created_at``, each
-selected column by column under its SPEC §5 name, so nothing outside the contract (no card
+selected column by column under its contract §5 name, so nothing outside the contract (no card
 token, no stored request, no metadata) can reach the lake.
 
 One export of day D, in order:

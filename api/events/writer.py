@@ -1,4 +1,4 @@
-"""Request events (SPEC §5): one per request, appended through a bounded in-memory queue
+"""Request events (contract §5): one per request, appended through a bounded in-memory queue
 and flushed in batches by a background task, so the request path never waits on them.
 
 Each event gets its ``event_id`` when it is recorded, and the flush inserts with
@@ -37,7 +37,7 @@ SHUTDOWN_DRAIN_SECONDS = 10.0
 
 
 class RequestOutcome(StrEnum):
-    """A request event's ``outcome`` (SPEC §5); the values are in the database and the lake."""
+    """A request event's ``outcome`` (contract §5); the values are in the database and the lake."""
 
     CREATED = "created"  # create
     REPLAYED = "replayed"

@@ -5,12 +5,12 @@
   (version 1: approved or declined, 2: reversed; ``2:`` alone is the reversal's marker,
   "ask the database"). Every write is a compare-and-set on the version (a Lua script), so a
   writer that read "approved" before a reversal committed can never overwrite what the
-  reversal wrote (SPEC §3.7);
+  reversal wrote (contract §3.7);
 - an in-flight hint (``busy:``) so a concurrent duplicate gets 409 without a database
   round trip while a slow issuer call is in progress; a fence overwrites it with
   ``fenced`` and a claim only sets it if absent, so it never hides a fence.
 
-Every key carries the database's epoch (``api/idempotency/epoch.py``, SPEC §3.6): after a
+Every key carries the database's epoch (``api/idempotency/epoch.py``, contract §3.6): after a
 restore and ``idempay admin new-epoch`` no entry from before is read again. Until the
 epoch is known the cache is off.
 

@@ -1,4 +1,4 @@
-"""The database's epoch (SPEC §3.6): what every Redis entry is bound to.
+"""The database's epoch (contract §3.6): what every Redis entry is bound to.
 
 A restored or replaced database must never be contradicted by answers Redis remembers from
 the database it replaced. The epoch is a UUID in the database itself (table

@@ -11,7 +11,7 @@ from api.events.writer import RequestOutcome
 
 
 class IdempotencyStatus(StrEnum):
-    """The ``Idempotency-Status`` header of create, lookup and abort (SPEC §2)."""
+    """The ``Idempotency-Status`` header of create, lookup and abort (contract §2)."""
 
     CREATED = "created"
     REPLAYED = "replayed"
@@ -26,7 +26,7 @@ class IdempotencyStatus(StrEnum):
 class Outcome:
     status: int
     body: bytes
-    event: RequestOutcome  # SPEC §5 outcome for the request event
+    event: RequestOutcome  # contract §5 outcome for the request event
     idempotency_status: str | None = None  # the Idempotency-Status header
     headers: dict[str, str] = field(default_factory=dict)
     problem: bool = False

@@ -6,8 +6,8 @@ autocommit: the statement is its own transaction, committed with ``synchronous_c
 before ``fetchval`` returns. ``k`` inserts the key row
 (``ON CONFLICT DO NOTHING``); every other insert selects ``FROM k`` (or from ``t``), so a
 key that exists writes nothing at all, and a concurrent duplicate waits on the unique index
-for the first one's commit and then writes nothing (SPEC §3.2). Any error rolls the whole
-statement back (SPEC §3.1). The same statement returns the existing key row as its snapshot
+for the first one's commit and then writes nothing (contract §3.2). Any error rolls the whole
+statement back (contract §3.1). The same statement returns the existing key row as its snapshot
 saw it (never our own insert: a CTE's writes are invisible to the rest of the statement), so
 a replay costs one round trip too; a duplicate that committed after the snapshot is not in
 it, and the caller reads the row afterwards.

@@ -42,7 +42,7 @@ def iso(moment: datetime | None) -> str | None:
 
 
 def render(txn: NewTransaction | Any) -> str:
-    """The transaction body of SPEC §2, serialized once (replays return these bytes)."""
+    """The transaction body of contract §2, serialized once (replays return these bytes)."""
     return json.dumps(body_of(txn), separators=(",", ":"))
 
 

@@ -1,4 +1,4 @@
-"""``/v1/transactions``: create, lookup, abort, reversal (SPEC §2)."""
+"""``/v1/transactions``: create, lookup, abort, reversal (contract §2)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class _Call:
             log.warning("storage_unavailable", endpoint=self.endpoint, error=type(exc).__name__)
         else:
             log.exception("internal_error", endpoint=self.endpoint)
-        error.retry_after = True  # a retry with the same key is safe (SPEC §2)
+        error.retry_after = True  # a retry with the same key is safe (contract §2)
         create = self.endpoint == "create"
         return from_error(
             error,

@@ -1,4 +1,4 @@
-"""Request and response bodies of ``/v1/transactions`` (SPEC §2)."""
+"""Request and response bodies of ``/v1/transactions`` (contract §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Create: the atomic phases (SPEC §2–3, DESIGN.md "Create").
+"""Create: the atomic phases (contract §2–3, DESIGN.md "Create").
 
 phase 1  claim the key (unique index)           ┐ one transaction when the issuer answers
 phase 2  authorize with the derived issuer key  │ inline (the simulator's instant tokens);
@@ -90,7 +90,7 @@ class TransactionService:
 
     # ----------------------------------------------------------------- helpers
     async def bind_epoch(self) -> None:
-        """Bind the cache to the database's epoch (SPEC §3.6); keep the known one if the
+        """Bind the cache to the database's epoch (contract §3.6); keep the known one if the
         database does not answer in time."""
         try:
             async with asyncio.timeout(self.settings.db_timeout), self.reader.connect() as conn:
@@ -256,7 +256,7 @@ class TransactionService:
 
     def _too_late(self, body: TransactionCreate, key: str, now: datetime) -> bool:
         """Expired, or older than the tombstone window (by captured_at, or by the time a
-        UUIDv7 key was minted): such a request could outlive its tombstone (SPEC §3.5)."""
+        UUIDv7 key was minted): such a request could outlive its tombstone (contract §3.5)."""
         if body.expires_at is not None and body.expires_at <= now:
             return True
         oldest = now - timedelta(seconds=self.settings.tombstone_retention)
@@ -266,7 +266,7 @@ class TransactionService:
         return minted is not None and minted < oldest
 
     def _clock_skew(self, body: TransactionCreate, key: str, now: datetime) -> Outcome | None:
-        """422 ``clock_skew`` for a time further ahead than the tolerance (SPEC §3.5): the age
+        """422 ``clock_skew`` for a time further ahead than the tolerance (contract §3.5): the age
         of a request is judged on the server's clock, and a terminal whose clock runs ahead
         must not carry a request past the tombstone that fenced it. Nothing is stored."""
         latest = now + timedelta(seconds=self.settings.clock_skew_tolerance)

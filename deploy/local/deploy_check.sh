@@ -5,7 +5,7 @@
 #   2. an API key (`migrate admin create-key`), `/readyz` through nginx;
 #   3. `idempay simulate` from the host through the chaos proxy to nginx's published port;
 #      one API container is SIGKILLed mid-run (and started again, as an orchestrator would);
-#      the simulator then checks the SPEC §8 invariants against the stack's Postgres;
+#      the simulator then checks the contract §8 invariants against the stack's Postgres;
 #   4. the audit in its container: `--profile audit run --rm audit` (export + spark-submit);
 #   5. compose down -v: containers, network and volumes removed (images kept; DEPLOY_CHECK_RMI=1
 #      removes the five images too).

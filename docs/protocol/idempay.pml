@@ -204,7 +204,7 @@ bool purged = 0;          /* ghost: a tombstone of the key was purged */
 /* ======================================================================== two drivers (issue 24) */
 /* -DTWO_DRIVERS: a second Client (another thread or process) on the same journal runs
    recover() while the terminal drives the payment. j_owner is the journal lease of the fix
-   (SPEC §4: one driver per key across clients and processes); under
+   (contract §4: one driver per key across clients and processes); under
    -DMUTANT_PER_INSTANCE_DRIVER nobody looks at it (the claim was per Client instance). */
 #ifdef TWO_DRIVERS
 #ifndef J_STALLS
@@ -368,7 +368,7 @@ inline existing() {
 inline create_request() {
     if
 #ifdef RETENTION
-    /* service._too_late / the clock_skew check, on the server's clock (SPEC §3.5): a
+    /* service._too_late / the clock_skew check, on the server's clock (contract §3.5): a
        timestamp older than the retention is too late (fenced as expired, below); one
        further ahead than the tolerance is refused, 422 clock_skew, nothing stored */
     :: k_state == NOKEY && t_stamp + RET < clk ->
@@ -663,7 +663,7 @@ inline next_action() {
        /* a create attempt refused before anything was processed (issue 14): definitive
           only if no earlier attempt may have reached the server; else it proves nothing
           about the earlier copy, so resolve the key (lookup, abort at the deadline) like
-          after a lost answer (SPEC §4). The mutant: the rejection is the outcome. */
+          after a lost answer (contract §4). The mutant: the rejection is the outcome. */
 #ifndef MUTANT_REJECT_IS_OUTCOME
        if
        :: maybe_sent -> code = R_NONE

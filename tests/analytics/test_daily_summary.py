@@ -1,4 +1,4 @@
-"""Every metric of SPEC §5's daily summary on a hand-built lake, expected values by hand,
+"""Every metric of contract §5's daily summary on a hand-built lake, expected values by hand,
 from Spark and from the DuckDB reference alike.
 
 The lake (merchant A unless said otherwise; latencies in ms in brackets):

@@ -1,4 +1,4 @@
-"""Link loss, the terminal ranking and the rates by network (SPEC §5) on a hand-built lake,
+"""Link loss, the terminal ranking and the rates by network (contract §5) on a hand-built lake,
 every value by hand, from Spark and from the DuckDB reference alike.
 
 The lake (merchant A, 2026-11-20 = D1, unless said otherwise; att = the SDK's ``attempt``):

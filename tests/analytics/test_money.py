@@ -1,4 +1,4 @@
-"""suspected_double_charges and exactly_once_violations on planted cases (SPEC §5)."""
+"""suspected_double_charges and exactly_once_violations on planted cases (contract §5)."""
 
 from __future__ import annotations
 

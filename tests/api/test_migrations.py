@@ -119,7 +119,7 @@ def test_a_migration_waits_for_the_migration_lock(tmp_path: Path) -> None:
 
 
 def test_migrate_writes_an_epoch_that_only_new_epoch_renews(tmp_path: Path) -> None:
-    """SPEC §3.6: the epoch Redis entries are bound to is written at `idempay migrate`,
+    """contract §3.6: the epoch Redis entries are bound to is written at `idempay migrate`,
     kept by every later migrate (a restart must not retire the cache), and renewed by
     `idempay admin new-epoch` (after a restore)."""
     name = create_database("idempay_mig")

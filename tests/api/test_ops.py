@@ -1,4 +1,4 @@
-"""Operations endpoints and what must never leak (SPEC §2 Operations; issue done-when 5)."""
+"""Operations endpoints and what must never leak (contract §2 Operations; issue done-when 5)."""
 
 from __future__ import annotations
 

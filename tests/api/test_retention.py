@@ -1,4 +1,4 @@
-"""Retention (SPEC §3.5): tombstones and exported events are purged after the window, and
+"""Retention (contract §3.5): tombstones and exported events are purged after the window, and
 a late create for a purged key is refused by the age rule rather than processed."""
 
 from __future__ import annotations

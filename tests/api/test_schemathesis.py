@@ -1,4 +1,4 @@
-"""Property-based fuzzing from our own OpenAPI document (SPEC §2; issue done-when 4): no
+"""Property-based fuzzing from our own OpenAPI document (contract §2; issue done-when 4): no
 input schemathesis can generate produces a 5xx or a response that breaks the schema.
 Stateful sequences (create → lookup/abort/reversal) and hand-written strategies for
 headers, bodies and raw bytes are in tests/api/fuzz/."""

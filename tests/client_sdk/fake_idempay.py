@@ -1,4 +1,4 @@
-"""An in-memory fake of the idempay API (SPEC §2) for ``httpx.MockTransport``.
+"""An in-memory fake of the idempay API (contract §2) for ``httpx.MockTransport``.
 
 It stores outcomes by key like the real server, counts how often each key was processed,
 and can be told to misbehave per endpoint: ``fake.inject("create", "drop_response")``

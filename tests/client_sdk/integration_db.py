@@ -1,6 +1,6 @@
 """What the server's Postgres database holds for one merchant, read with plain SQL.
 
-The integration tests check SPEC §8 with these queries, independently of
+The integration tests check contract §8 with these queries, independently of
 ``idempay_tools.invariants`` (which they also run): the code under test never grades itself alone.
 """
 

@@ -41,7 +41,7 @@ def server(pg_backend: Backend) -> Iterator[Server]:
 def test_a_terminal_booting_with_its_clock_off_sells_its_very_first_payment(
     pg_backend: Backend, server: Server, tmp_path: Path, skew_s: float
 ) -> None:
-    """SPEC §4: a terminal whose clock is off still sells — its first payment after a boot
+    """contract §4: a terminal whose clock is off still sells — its first payment after a boot
     too. A new client used to mint the first key and captured_at on the raw device clock:
     3 min behind → 410 request_expired (expires_at in the past), 15 min ahead → 422
     clock_skew (the make chaos run saw it on each reboot), 40 days behind → 410."""
@@ -69,7 +69,7 @@ def test_a_terminal_booting_with_its_clock_off_sells_its_very_first_payment(
 def test_a_terminal_clock_ahead_sends_every_time_on_the_servers_clock(
     pg_backend: Backend, server: Server, tmp_path: Path
 ) -> None:
-    """SPEC §4: captured_at, expires_at and the UUIDv7 time all follow the learned offset
+    """contract §4: captured_at, expires_at and the UUIDv7 time all follow the learned offset
     (the server refuses a captured_at or key time too far ahead: 422 clock_skew)."""
     merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
     with Client(

@@ -1,4 +1,4 @@
-"""SPEC §8 on a lossy link: 2,000 payments from 20 concurrent terminals (each its own
+"""contract §8 on a lossy link: 2,000 payments from 20 concurrent terminals (each its own
 ``Client`` and journal) through the chaos proxy — request drops, response drops after the
 server processed, and resets mixed — against the real server on Postgres."""
 

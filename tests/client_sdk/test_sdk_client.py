@@ -1,4 +1,4 @@
-"""The SPEC §4 protocol end to end against an in-memory fake server (sync Client)."""
+"""The contract §4 protocol end to end against an in-memory fake server (sync Client)."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def test_expires_at_is_set_on_the_estimated_server_clock(tmp_path: Path) -> None
     body = world.bodies[0]
     expires = datetime.fromisoformat(str(body["expires_at"])).timestamp()
     captured = datetime.fromisoformat(str(body["captured_at"])).timestamp()
-    # both on the server's clock (SPEC §4): captured_at too, 300 s ahead of the device's
+    # both on the server's clock (contract §4): captured_at too, 300 s ahead of the device's
     assert abs(captured - (world.now + SERVER_AHEAD_S)) <= 1.0
     assert abs(expires - (captured + 30)) <= 1.0  # server clock + deadline
     assert abs((uuid.UUID(entry.key).int >> 80) / 1000 - captured) <= 1.0  # UUIDv7 time

@@ -1,4 +1,4 @@
-"""Every problem ``code`` of SPEC §2 maps to its own typed error (client_sdk/_exceptions.py)."""
+"""Every problem ``code`` of contract §2 maps to its own typed error (client_sdk/_exceptions.py)."""
 
 from __future__ import annotations
 

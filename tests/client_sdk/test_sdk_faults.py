@@ -174,7 +174,7 @@ async def test_an_async_client_over_a_sync_transport_is_told_so() -> None:
 
 
 def check_invariants(fake: FakeIdempay, client: Client, outcomes: dict[str, str]) -> None:
-    """SPEC §8 for the fake: exactly once, aborted keys have no transaction, the journal
+    """contract §8 for the fake: exactly once, aborted keys have no transaction, the journal
     ends definitive (or honestly in doubt, then recover() settles it)."""
     assert all(n == 1 for n in fake.processed.values())
     for key, seen in outcomes.items():

@@ -2,7 +2,7 @@
 (an API worker SIGKILLed, a terminal SIGKILLed and recovered, PostgreSQL crashed and
 restarted, Redis killed and restarted, a 30 % loss burst, a terminal's journal disk full, a
 database restore with Redis kept, a rolling SIGTERM restart, a noisy neighbour; clocks
-behind and ahead). It fails when any SPEC §8 invariant, the ledger balance, a recovery or
+behind and ahead). It fails when any contract §8 invariant, the ledger balance, a recovery or
 the lake's request-event check does not hold."""
 
 from __future__ import annotations

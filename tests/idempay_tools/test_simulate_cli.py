@@ -1,5 +1,5 @@
 """``idempay simulate`` end to end on a private Postgres database: it starts its own server,
-runs a small fleet through the SDK on a lossy link, checks SPEC §8 and says so — and the
+runs a small fleet through the SDK on a lossy link, checks contract §8 and says so — and the
 checks themselves catch planted violations."""
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def test_simulate_reboots_terminals_mid_payment_and_charges_no_customer_twice(
 ) -> None:
     """Issue 24: terminals die before and after a create leaves, reboot on their journal
     (recover() first), and the cashier re-runs the interrupted sale with a new key. Fails
-    while recover() still sells a never-sent entry at boot (SPEC §4)."""
+    while recover() still sells a never-sent entry at boot (contract §4)."""
     run = simulate(
         database,
         tmp_path,

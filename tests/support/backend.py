@@ -17,7 +17,7 @@ from api.db import create_engine
 from api.migrate import migrate
 from tests.support.services import Server
 
-# Fast issuer timings so every path of SPEC §2 is reachable in seconds.
+# Fast issuer timings so every path of contract §2 is reachable in seconds.
 FAST_ENV = {
     "IDEMPAY_ISSUER_TIMEOUT": "1.5",
     "IDEMPAY_ISSUER_SLOW_SECONDS": "0.8",

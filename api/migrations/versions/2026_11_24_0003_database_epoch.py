@@ -1,4 +1,4 @@
-"""database epoch: the identity Redis entries are bound to (SPEC §3.6)
+"""database epoch: the identity Redis entries are bound to (contract §3.6)
 
 Revision ID: 0003
 Revises: 0002

@@ -1,4 +1,4 @@
-"""``idempay export``: a real server's day in the lake, exactly SPEC §5's columns and types,
+"""``idempay export``: a real server's day in the lake, exactly contract §5's columns and types,
 idempotent, and no card token anywhere. Runs on Postgres and on the embedded SQLite."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "tok_visa_4242"
 DEV_SECRET = b"idempay-dev-secret-change-me"  # Settings.secret_key's default
 
-# SPEC §5, written out: (column, Arrow type).
+# contract §5, written out: (column, Arrow type).
 CONTRACT = {
     "request_events": [
         ("event_id", "string"),

@@ -1,5 +1,5 @@
-"""What every response must look like, whatever the input (SPEC §2), and what the database
-must look like after any amount of bad input (SPEC §3.1, §8): shared by the fuzz tests."""
+"""What every response must look like, whatever the input (contract §2), and what the database
+must look like after any amount of bad input (contract §3.1, §8): shared by the fuzz tests."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tests.support.services import Server
 IDEMPOTENCY_STATUSES = frozenset(
     {"created", "replayed", "in_progress", "processed", "not_found", "aborted", "expired"}
 )
-# Every `code` a 4xx may carry: SPEC §2's table plus the decisions in docs/architecture.md
+# Every `code` a 4xx may carry: contract §2's table plus the decisions in docs/architecture.md
 # (not_found/method_not_allowed for routing) and docs/security.md, "Slow clients".
 CODES_4XX = frozenset(
     {
@@ -245,7 +245,7 @@ def wait_for_outcomes(backend: Backend, merchant_ids: list[str], timeout: float 
 
 
 def assert_whole(backend: Backend, merchant_ids: list[str]) -> LedgerReport:
-    """No half-written transaction and SPEC §8's invariants, after the completer settled."""
+    """No half-written transaction and contract §8's invariants, after the completer settled."""
     wait_for_outcomes(backend, merchant_ids)
     report = ledger_report(backend, merchant_ids)
     assert not report.problems, report.problems[:20]

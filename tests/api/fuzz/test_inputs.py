@@ -1,4 +1,4 @@
-"""Hypothesis-generated headers and bodies against every endpoint (SPEC §2): never a 5xx,
+"""Hypothesis-generated headers and bodies against every endpoint (contract §2): never a 5xx,
 every 4xx a problem+json with a documented code, 2xx bodies that conform to the OpenAPI
 schema, Idempotency-Status on every create/lookup/abort answer, and the status the spec
 gives for each class of input. Afterwards no transaction is half-written, and no card
@@ -54,7 +54,7 @@ def session(pg_target: Target) -> Iterator[Session]:
 
 @st.composite
 def idempotency_keys(draw: st.DrawFn) -> tuple[bytes, bool]:
-    """(header value, is it valid per SPEC §2): a fresh UUID (any version, any case, bare or
+    """(header value, is it valid per contract §2): a fresh UUID (any version, any case, bare or
     RFC 8941-quoted, with optional whitespace) or something that is not one."""
     key = str(uuid.uuid4())
     if draw(st.booleans()):

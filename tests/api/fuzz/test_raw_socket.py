@@ -1,4 +1,4 @@
-"""Bytes no HTTP client would send (SPEC §2: no input may produce a 5xx or a half-written
+"""Bytes no HTTP client would send (contract §2: no input may produce a 5xx or a half-written
 transaction): random bytes, malformed request lines and headers, chunked-encoding garbage,
 truncated bodies. Whatever the server answers is < 500 and problem+json for 4xx; it never
 crashes, never logs an unhandled error, keeps serving, and the database stays whole.

@@ -1,4 +1,4 @@
-"""Stateful schemathesis (SPEC §2): sequences of create → lookup / abort / reversal by the
+"""Stateful schemathesis (contract §2): sequences of create → lookup / abort / reversal by the
 created id (OpenAPI links, added here to the server's own document), and abort → lookup,
 with generated inputs. Every step: schemathesis' checks (no 5xx, status codes, content
 types, headers and bodies that conform to the schema, a created resource is available)

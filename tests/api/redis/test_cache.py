@@ -1,4 +1,4 @@
-"""Redis is advisory (SPEC §3.4): killed or flushed mid-run, every guarantee still holds;
+"""Redis is advisory (contract §3.4): killed or flushed mid-run, every guarantee still holds;
 a cached answer is never served for a different payload."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC §2 tenancy on every endpoint: merchant B holding merchant A's UUID sees exactly what it
+"""contract §2 tenancy on every endpoint: merchant B holding merchant A's UUID sees exactly what it
 would see for a UUID nobody ever used, and nothing B does changes A's transaction.
 
 Runs on both storage backends (the ``deployment`` fixture)."""

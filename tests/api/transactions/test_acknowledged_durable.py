@@ -1,4 +1,4 @@
-"""SPEC §3.3 on the one-write create (Postgres' single statement, SQLite's group commit):
+"""contract §3.3 on the one-write create (Postgres' single statement, SQLite's group commit):
 a server killed with SIGKILL while creates pour in has every create it acknowledged (201)
 in the database, whole — and no create half-written."""
 

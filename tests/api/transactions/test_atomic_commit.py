@@ -1,4 +1,4 @@
-"""SPEC §3.1 ("row 8" of the guarantees): the key, the money and the stored response commit
+"""contract §3.1 ("row 8" of the guarantees): the key, the money and the stored response commit
 in one database transaction, or none of them do.
 
 The create's commit is made to fail at its very end by the database itself — on Postgres a

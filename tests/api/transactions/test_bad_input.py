@@ -1,4 +1,4 @@
-"""Bad input gets its documented 4xx problem and leaves no row behind (SPEC §2)."""
+"""Bad input gets its documented 4xx problem and leaves no row behind (contract §2)."""
 
 from __future__ import annotations
 

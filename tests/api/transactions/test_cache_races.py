@@ -1,4 +1,4 @@
-"""A cached answer never outlives a reversal (SPEC §3.7; issue 14, item 4).
+"""A cached answer never outlives a reversal (contract §3.7; issue 14, item 4).
 
 The race: a writer reads "approved" from the database, a reversal commits and clears the
 cache, then the writer's cache write lands — and every lookup says approved while the

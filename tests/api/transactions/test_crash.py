@@ -1,4 +1,4 @@
-"""SPEC §3.3: a server killed (SIGKILL) between phases loses nothing acknowledged and leaves
+"""contract §3.3: a server killed (SIGKILL) between phases loses nothing acknowledged and leaves
 no key stuck; retries with the same keys end with exactly one charge each."""
 
 from __future__ import annotations

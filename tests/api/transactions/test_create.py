@@ -1,4 +1,4 @@
-"""SPEC §2 create: every row of the status table, on Postgres and on SQLite."""
+"""contract §2 create: every row of the status table, on Postgres and on SQLite."""
 
 from __future__ import annotations
 

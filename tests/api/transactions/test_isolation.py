@@ -1,4 +1,4 @@
-"""SPEC §2 tenancy: a key is (merchant, UUID); merchant B can never see or touch A's."""
+"""contract §2 tenancy: a key is (merchant, UUID); merchant B can never see or touch A's."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §3.1–3.2: concurrent duplicates never both execute; abort vs create has one winner.
+"""contract §3.1–3.2: concurrent duplicates never both execute; abort vs create has one winner.
 
 Every request goes over its own pooled HTTP connection to a real server, and every winner
 commits for real; the database is then checked row by row.

@@ -1,4 +1,4 @@
-"""SPEC §2 lookup, abort and reversal: every case, on Postgres and on SQLite."""
+"""contract §2 lookup, abort and reversal: every case, on Postgres and on SQLite."""
 
 from __future__ import annotations
 
