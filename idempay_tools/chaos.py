@@ -28,13 +28,13 @@ variant) each kind once.
 
 After the run the terminals stop selling and settle their journals, the completer and the
 relay drain, the API stops (flushing its request events), a final export runs, and the
-checks run: contract §8 on the database and the journals
-(``idempay_tools.invariants``), every outbox event relayed, nothing stuck processing, no
-500 answered, no terminal process died on its own, no payment refused for a skewed clock, no raw storage error after a send, no stale
-answer after the restore, every victim of the flood approved in time, and the lake
-(``idempay_tools._chaos_lake``): every request event in the database in the lake exactly once.
-Time to recover (per fault): from the injection until the component was back *and* work
-went through again (``_chaos_report._RECOVERED_BY``).
+checks run: contract §8 on the database and the journals (``idempay_tools.invariants``),
+every outbox event relayed, nothing stuck processing, no 500 answered, no terminal process
+died on its own, no payment refused for a skewed clock, no raw storage error after a send,
+no stale answer after the restore, every victim of the flood approved in time, and the lake
+(``idempay_tools._chaos_lake``): every request event in the database in the lake exactly
+once. Time to recover (per fault): from the injection until the component was back *and*
+work went through again (``_chaos_report._RECOVERED_BY``).
 
 Exit status 0 only when every check holds. ``--report PATH`` writes the run as Markdown
 (``docs/reliability.md`` under ``make chaos``).
