@@ -21,6 +21,8 @@ from api.logs import configure_logging
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="idempay command line.")
 admin = typer.Typer(no_args_is_help=True, help="Administration.")
 app.add_typer(admin, name="admin")
+key_admin = typer.Typer(no_args_is_help=True, help="Support tools for one idempotency key.")
+admin.add_typer(key_admin, name="key")
 
 LakeOption = Annotated[Path, typer.Option("--lake", help="Lake root directory.")]
 
@@ -276,6 +278,71 @@ def revoke_key(
         return 0
 
     raise typer.Exit(asyncio.run(run()))
+
+
+MerchantArg = Annotated[str, typer.Argument(help="The merchant's name or id.")]
+KeyArg = Annotated[str, typer.Argument(help="The idempotency key (a UUID).")]
+ReasonOption = Annotated[str, typer.Option("--reason", help="Why (recorded in the outbox event).")]
+
+
+def _parse_key(key: str) -> str:
+    from api.errors import IdempotencyKeyInvalidError
+    from api.idempotency.keys import parse_uuid
+
+    try:
+        return parse_uuid(key)
+    except IdempotencyKeyInvalidError:
+        raise typer.BadParameter("expected a UUID", param_hint="KEY") from None
+
+
+@key_admin.command("show")
+def key_show(merchant: MerchantArg, key: KeyArg) -> None:
+    """A key's state, lease, attempts, transaction, ledger entries, request and outbox events."""
+    from api.db import create_engine
+    from api.transactions.operator import UnknownMerchantError, describe, report
+
+    async def run() -> list[str]:
+        engine = create_engine(Settings())
+        try:
+            return describe(await report(engine, merchant, _parse_key(key)))
+        finally:
+            await engine.dispose()
+
+    try:
+        lines = asyncio.run(run())
+    except UnknownMerchantError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    typer.echo("\n".join(lines))
+
+
+def _key_action(action: Any, merchant: str, key: str, reason: str) -> None:
+    from api.transactions.operator import UnknownMerchantError, act, verdict
+
+    if not reason.strip():
+        raise typer.BadParameter("say why", param_hint="--reason")
+    try:
+        outcome = asyncio.run(
+            act(Settings(), merchant, _parse_key(key), action=action, reason=reason)
+        )
+    except UnknownMerchantError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    message, done = verdict(action, outcome)
+    typer.echo(message, err=not done)
+    raise typer.Exit(0 if done else 1)
+
+
+@key_admin.command("fence")
+def key_fence(merchant: MerchantArg, key: KeyArg, reason: ReasonOption) -> None:
+    """Fence a key as the terminal's abort does: only if nothing was processed under it."""
+    _key_action("fence", merchant, key, reason)
+
+
+@key_admin.command("reverse")
+def key_reverse(merchant: MerchantArg, key: KeyArg, reason: ReasonOption) -> None:
+    """Reverse the key's approved transaction (exactly once), as the reversal route does."""
+    _key_action("reverse", merchant, key, reason)
 
 
 @app.command()

@@ -63,12 +63,15 @@ async def append(
     transaction_id: str,
     data: dict[str, Any],
     now: datetime,
+    reason: str | None = None,
 ) -> None:
+    """Append one event; ``reason``: why an operator acted (``idempay admin key fence|reverse``),
+    recorded as ``data.reason``."""
     row = new_event(
         merchant_id=merchant_id,
         event_type=event_type,
         transaction_id=transaction_id,
-        data=data,
+        data={**data, "reason": reason} if reason else data,
         now=now,
     )
     await conn.execute(_INSERT, row)

@@ -86,13 +86,16 @@ async def recover(service: TransactionService, record: KeyRecord, *, now: dateti
     return Recovery(result, outcome)
 
 
-async def fence(service: TransactionService, record: KeyRecord, token: int) -> bool:
+async def fence(
+    service: TransactionService, record: KeyRecord, token: int, *, reason: str | None = None
+) -> bool:
     """Turn a key we own into an aborted tombstone and void its issuer call, in one
     transaction with its outbox event: fence and void commit together or not at all
     (voiding first, in its own commit, let a stalled owner void an authorization and
     then lose the key — found by the SPIN model, docs/protocol/). A remote acquirer
     connector that cannot enlist voids from the ``transaction.aborted`` outbox event.
-    False when the token was no longer ours (nothing changed)."""
+    False when the token was no longer ours (nothing changed). ``reason``: an operator's,
+    recorded in the outbox event."""
     now = utcnow()
     request = TransactionCreate.model_validate_json(record.request or "{}")
     async with atomic(service.engine) as conn:
@@ -113,6 +116,7 @@ async def fence(service: TransactionService, record: KeyRecord, token: int) -> b
                 transaction_id=record.key,
                 data={"id": record.key, "status": "aborted"},
                 now=now,
+                reason=reason,
             )
     if fenced:
         await service.refresh_epoch()

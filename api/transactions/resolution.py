@@ -55,7 +55,7 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
     terminal = record.terminal_id
     if record.state == KeyState.COMPLETED:
         body, reversed_ = await _current(service, record)
-        # versioned: if a reversal committed since our read, its entry wins (SPEC §3.7)
+        # versioned: if a reversal committed since our read, its entry wins (contract §3.7)
         await service.cache.put_lookup(merchant_id, key, body, reversed_=reversed_)
         return Outcome(200, body, Event.FOUND, Status.PROCESSED, terminal_id=terminal)
     if record.state == KeyState.PROCESSING:
@@ -69,7 +69,11 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
     return Outcome(410, body, Event.FENCED, Status.EXPIRED, problem=True, terminal_id=terminal)
 
 
-async def abort(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+async def abort(
+    service: TransactionService, merchant_id: str, key: str, *, reason: str | None = None
+) -> Outcome:
+    """``reason``: an operator's (``idempay admin key fence``), recorded in the outbox event
+    when this call fences the key; the HTTP route gives none."""
     await service.refresh_epoch()
     record = await service.read(merchant_id, key)
     if record is None:
@@ -86,6 +90,7 @@ async def abort(service: TransactionService, merchant_id: str, key: str) -> Outc
                     transaction_id=key,
                     data={"id": key, "status": "aborted"},
                     now=now,
+                    reason=reason,
                 )
         if fenced:
             body = key_state_body(key, KeyState.ABORTED)
@@ -93,7 +98,7 @@ async def abort(service: TransactionService, merchant_id: str, key: str) -> Outc
         record = await service.read(merchant_id, key)
         if record is None:
             raise RuntimeError("fenced key vanished")
-    return await _abort_existing(service, record)
+    return await _abort_existing(service, record, reason=reason)
 
 
 def _abort_may_take_over(service: TransactionService, record: KeyRecord, now: datetime) -> bool:
@@ -108,7 +113,9 @@ def _abort_may_take_over(service: TransactionService, record: KeyRecord, now: da
     return now >= record.created_at + grace
 
 
-async def _abort_existing(service: TransactionService, record: KeyRecord) -> Outcome:
+async def _abort_existing(
+    service: TransactionService, record: KeyRecord, *, reason: str | None = None
+) -> Outcome:
     key, terminal = record.key, record.terminal_id
     if record.state == KeyState.COMPLETED:
         body = await _current_body(service, record)
@@ -120,7 +127,7 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
     if _abort_may_take_over(service, record, now):
         token = await recovery.take_over(service, record, now=now)
         if token is not None:
-            await recovery.fence(service, record, token)
+            await recovery.fence(service, record, token, reason=reason)
         # Fenced by us, or the take-over lost to a completion or a fence: tell the truth.
         again = await service.read(record.merchant_id, key)
         if again is not None and again.state != KeyState.PROCESSING:
@@ -133,7 +140,11 @@ async def _abort_existing(service: TransactionService, record: KeyRecord) -> Out
     )
 
 
-async def reverse(service: TransactionService, merchant_id: str, key: str) -> Outcome:
+async def reverse(
+    service: TransactionService, merchant_id: str, key: str, *, reason: str | None = None
+) -> Outcome:
+    """``reason``: an operator's (``idempay admin key reverse``), recorded in the outbox
+    event when this call reverses the transaction; the HTTP route gives none."""
     await service.refresh_epoch()
     record = await service.read(merchant_id, key)
     if record is None:
@@ -163,7 +174,7 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
                 terminal_id=terminal,
             )
         # Before the commit: from here on no cache writer may store "approved" for the key,
-        # whenever its database read was (SPEC §3.7).
+        # whenever its database read was (contract §3.7).
         await service.cache.mark_reversing(merchant_id, key)
         now = utcnow()
         reversed_now = await repository.reverse(conn, txn, now=now)
@@ -177,6 +188,7 @@ async def reverse(service: TransactionService, merchant_id: str, key: str) -> Ou
                 transaction_id=key,
                 data=data,
                 now=now,
+                reason=reason,
             )
     if reversed_now:  # the reversal is committed; telling the issuer is best effort here and
         # carried by the outbox's transaction.reversed event for the acquirer connector
