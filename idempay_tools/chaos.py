@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         report.show(result)
         if args.report:
-            args.report.write_text(report.markdown(result))
+            args.report.write_text(report.markdown(result) + _kept_sections(args.report))
             say(f"chaos: report written to {args.report}")
         say("chaos: " + ("PASSED" if result.ok else "FAILED"))
         return 0 if result.ok else 1
@@ -585,3 +585,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+KEPT_FROM = "\n## Failover"  # written by make failover (idempay_tools/failover.py), not here
+
+
+def _kept_sections(report: Path) -> str:
+    """What other harnesses appended to the same document (the failover figures): kept
+    when the chaos run rewrites its own part."""
+    old = report.read_text() if report.exists() else ""
+    at = old.find(KEPT_FROM)
+    return old[at:] if at >= 0 else ""
