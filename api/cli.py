@@ -23,6 +23,8 @@ admin = typer.Typer(no_args_is_help=True, help="Administration.")
 app.add_typer(admin, name="admin")
 key_admin = typer.Typer(no_args_is_help=True, help="Support tools for one idempotency key.")
 admin.add_typer(key_admin, name="key")
+webhook_admin = typer.Typer(no_args_is_help=True, help="Merchants' webhook endpoints.")
+admin.add_typer(webhook_admin, name="webhook")
 
 LakeOption = Annotated[Path, typer.Option("--lake", help="Lake root directory.")]
 
@@ -343,6 +345,129 @@ def key_fence(merchant: MerchantArg, key: KeyArg, reason: ReasonOption) -> None:
 def key_reverse(merchant: MerchantArg, key: KeyArg, reason: ReasonOption) -> None:
     """Reverse the key's approved transaction (exactly once), as the reversal route does."""
     _key_action("reverse", merchant, key, reason)
+
+
+def _with_engine(work: Any) -> Any:
+    """Run ``work(engine)`` on the configured database."""
+    from api.db import create_engine
+
+    async def run() -> Any:
+        engine = create_engine(Settings())
+        try:
+            return await work(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def _moment(value: str, option: str) -> Any:
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected an ISO time, got {value!r}", param_hint=option
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+@webhook_admin.command("add")
+def webhook_add(
+    merchant: MerchantArg,
+    url: Annotated[str, typer.Argument(help="The receiver's http(s) URL.")],
+    secret: Annotated[str | None, typer.Option(help="Signing secret (default: new).")] = None,
+) -> None:
+    """Deliver the merchant's events from now on to URL; the signing secret is the last line."""
+    from api.webhooks.endpoints import add
+
+    try:
+        endpoint, signing = _with_engine(lambda engine: add(engine, merchant, url, secret=secret))
+    except (LookupError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"endpoint: {endpoint.id} ({endpoint.merchant} → {endpoint.url})")
+    typer.echo(signing)
+
+
+@webhook_admin.command("list")
+def webhook_list(
+    merchant: Annotated[str | None, typer.Option(help="Only this merchant's.")] = None,
+) -> None:
+    """Active endpoints: id, merchant, URL, created (never the secret)."""
+    from api.webhooks.endpoints import list_endpoints
+
+    for row in _with_engine(lambda engine: list_endpoints(engine, merchant)):
+        typer.echo(f"{row.id}\t{row.merchant}\t{row.url}\t{row.created_at.isoformat()}")
+
+
+@webhook_admin.command("remove")
+def webhook_remove(endpoint_id: Annotated[str, typer.Argument(help="The endpoint's id.")]) -> None:
+    """Stop delivering to an endpoint."""
+    from api.webhooks.endpoints import UnknownEndpointError, remove
+
+    try:
+        _with_engine(lambda engine: remove(engine, endpoint_id))
+    except UnknownEndpointError:
+        typer.echo(f"no active endpoint {endpoint_id}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"removed {endpoint_id}")
+
+
+@webhook_admin.command("dead-letters")
+def webhook_dead_letters(
+    merchant: Annotated[str | None, typer.Option(help="Only this merchant's.")] = None,
+) -> None:
+    """Events given up on after 3 days of failures: endpoint, event id, seq, attempts, error."""
+    from api.webhooks.endpoints import dead_letters
+
+    for row in _with_engine(lambda engine: dead_letters(engine, merchant)):
+        typer.echo(
+            f"{row.endpoint_id}\t{row.event_id}\t{row.seq}\t{row.attempts}\t{row.last_error}"
+        )
+
+
+@webhook_admin.command("replay")
+def webhook_replay(
+    endpoint_id: Annotated[str, typer.Argument(help="The endpoint's id.")],
+    start: Annotated[str, typer.Option("--from", help="ISO time (UTC if no offset).")],
+    end: Annotated[str, typer.Option("--to", help="ISO time, exclusive.")],
+) -> None:
+    """Send again the events that occurred in [--from, --to), dead letters included."""
+    from api.webhooks.endpoints import UnknownEndpointError, replay
+
+    since, until = _moment(start, "--from"), _moment(end, "--to")
+    try:
+        count = _with_engine(lambda engine: replay(engine, endpoint_id, since, until))
+    except UnknownEndpointError:
+        typer.echo(f"no active endpoint {endpoint_id}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"queued {count} event(s) again for {endpoint_id}")
+
+
+@app.command()
+def webhooks(
+    once: Annotated[bool, typer.Option("--once", help="One tick, then exit.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds per delivery attempt.")] = 10.0,
+    interval: Annotated[float, typer.Option(help="Seconds between idle ticks.")] = 1.0,
+) -> None:
+    """Deliver outbox events to merchants' webhook endpoints (at least once, in order)."""
+    import httpx
+
+    from api.webhooks.worker import WebhookWorker
+
+    configure_logging(Settings())
+
+    async def work(engine: Any) -> None:
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+            worker = WebhookWorker(engine, client)
+            if once:
+                typer.echo(f"attempted {await worker.run_once()}")
+            else:
+                await worker.run_forever(interval=interval)
+
+    _with_engine(work)
 
 
 @app.command()

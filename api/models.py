@@ -179,3 +179,41 @@ class DatabaseEpoch(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     epoch: Mapped[str] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class WebhookEndpoint(Base):
+    """A merchant's webhook receiver (``idempay admin webhook add``): every outbox event of
+    the merchant numbered after ``enqueued_seq`` is queued for it (api/webhooks/)."""
+
+    __tablename__ = "webhook_endpoint"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    merchant_id: Mapped[str] = mapped_column(String(40), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(String(128))
+    enqueued_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    __table_args__ = (
+        ForeignKeyConstraint(["merchant_id"], ["merchant.id"], name="fk_webhook_endpoint_merchant"),
+    )
+
+
+class WebhookDelivery(Base):
+    """One outbox event for one endpoint: pending → delivered | dead (the dead-letter list)."""
+
+    __tablename__ = "webhook_delivery"
+    endpoint_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    first_failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    dead_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    __table_args__ = (
+        Index("ix_webhook_delivery_endpoint_id_seq", "endpoint_id", "seq"),
+        ForeignKeyConstraint(
+            ["endpoint_id"], ["webhook_endpoint.id"], name="fk_webhook_delivery_endpoint"
+        ),
+    )

@@ -187,6 +187,26 @@ class Relay:
                 pause = min(pause * 2, 5.0)
 
 
+async def number_committed(engine: AsyncEngine, *, batch: int) -> int:
+    """Number the next committed events without publishing them, under the relay's rules
+    (only while no relay leads, in one transaction): the webhook worker (api/webhooks/)
+    orders by ``seq`` whether or not a relay runs. A relay publishes them later as it
+    publishes events numbered before a crash."""
+    async with atomic(engine) as conn:
+        if not await _lead_this_transaction(conn):
+            return 0
+        fresh = (
+            await conn.execute(
+                select(*_COLUMNS)
+                .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_(None))
+                .order_by(OutboxEvent.id)
+                .limit(batch)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        return len(await _number(conn, fresh))
+
+
 @dataclass(frozen=True, slots=True)
 class _Numbered:
     id: int
