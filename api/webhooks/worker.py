@@ -94,12 +94,14 @@ class WebhookWorker:
     async def run_forever(
         self, *, interval: float = 1.0, stop: Callable[[], bool] = lambda: False
     ) -> None:
-        """Lead (Postgres), then tick; a lost lock session or storage error: lead again."""
+        """Lead (Postgres), then tick, checking before each tick that the lock's session
+        still holds it; a lost lock or a storage error: lead again."""
         while not stop():
             try:
                 async with self.engine.connect() as lock_conn:
-                    await _lead(lock_conn)
+                    await _lead(lock_conn, stop, interval)
                     while not stop():
+                        await _still_leading(lock_conn)
                         if await self.run_once() < self.batch:
                             await asyncio.sleep(interval)
             except Exception as exc:
@@ -107,12 +109,31 @@ class WebhookWorker:
                 await asyncio.sleep(interval)
 
 
-async def _lead(conn: AsyncConnection) -> None:
-    """Block until this worker holds the webhook lock (Postgres); no-op on SQLite."""
+async def _lead(conn: AsyncConnection, stop: Callable[[], bool], interval: float) -> None:
+    """Wait until this worker holds the webhook lock (Postgres; no-op on SQLite), or stop."""
     if conn.dialect.name != "postgresql":
         return
     while not (await conn.execute(text(f"SELECT pg_try_advisory_lock({LOCK_ID})"))).scalar():
         await conn.commit()
-        await asyncio.sleep(1.0)
+        if stop():
+            return
+        await asyncio.sleep(max(interval, 0.2))
     await conn.commit()
     log.info("webhooks_leading")
+
+
+async def _still_leading(conn: AsyncConnection) -> None:
+    """Raise unless this connection's session still holds the webhook lock (Postgres)."""
+    if conn.dialect.name != "postgresql":
+        return
+    held = await conn.execute(
+        text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :lock "
+            "AND granted AND pid = pg_backend_pid()"
+        ),
+        {"lock": LOCK_ID},
+    )
+    leading = bool(held.scalar())
+    await conn.commit()
+    if not leading:
+        raise RuntimeError("this session no longer holds the webhook lock")

@@ -21,6 +21,8 @@ class Receiver:
         self.attempts: list[str] = []  # event ids, one per request
         self.events: list[dict[str, Any]] = []  # deduped by event id, in arrival order
         self.bad_signatures = 0
+        self.in_flight = 0
+        self.max_in_flight = 0  # requests being answered at once
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -67,9 +69,14 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                with receiver._lock:
+                    receiver.in_flight += 1
+                    receiver.max_in_flight = max(receiver.max_in_flight, receiver.in_flight)
                 if receiver.delay:
                     time.sleep(receiver.delay)
                 status = receiver._receive(self.headers, body)
+                with receiver._lock:
+                    receiver.in_flight -= 1
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -1,0 +1,84 @@
+"""Two webhook workers on Postgres: one delivers at a time (an endpoint never gets two
+requests at once, nor an event twice), and when the leader's lock session dies another
+leads and delivery goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import httpx
+
+from api.auth import create_api_key
+from api.db import atomic, create_engine, utcnow
+from api.outbox import writer as outbox
+from api.webhooks import endpoints
+from api.webhooks.worker import LOCK_ID, WebhookWorker
+from tests.support.backend import Backend
+from tests.support.receiver import Receiver
+
+SECRET = "whsec_lead"
+HOLDER = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = :lock AND granted"
+
+
+async def _append(backend: Backend, merchant_id: str, count: int) -> None:
+    engine = create_engine(backend.settings)
+    try:
+        for _ in range(count):
+            key = str(uuid.uuid4())
+            async with atomic(engine) as conn:
+                await outbox.append(
+                    conn,
+                    merchant_id=merchant_id,
+                    event_type=outbox.COMPLETED,
+                    transaction_id=key,
+                    data={"id": key},
+                    now=utcnow(),
+                )
+    finally:
+        await engine.dispose()
+
+
+async def _until(receiver: Receiver, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while len(receiver.events) < count:
+        assert time.monotonic() < deadline, receiver.attempts
+        await asyncio.sleep(0.05)
+
+
+async def test_one_worker_delivers_at_a_time_and_another_takes_over(
+    private_pg_backend: Backend,
+) -> None:
+    backend = private_pg_backend
+    engines = [create_engine(backend.settings) for _ in range(2)]
+    stopping = False
+    with Receiver(SECRET, delay=0.05) as receiver:
+        await create_api_key(engines[0], "merchant-lead")
+        await endpoints.add(engines[0], "merchant-lead", receiver.url, secret=SECRET)
+        merchant_id = (await asyncio.to_thread(backend.sql, "SELECT id FROM merchant"))[0][0]
+        async with httpx.AsyncClient(timeout=5) as client:
+            tasks = [
+                asyncio.create_task(
+                    WebhookWorker(engine, client).run_forever(interval=0.02, stop=lambda: stopping)
+                )
+                for engine in engines
+            ]
+            try:
+                await _append(backend, merchant_id, 6)
+                await _until(receiver, 6)
+                holder = await asyncio.to_thread(backend.sql, HOLDER, lock=LOCK_ID)
+                killed = await asyncio.to_thread(
+                    backend.sql, "SELECT pg_terminate_backend(:pid)", pid=holder[0][0]
+                )
+                assert killed[0][0] is True
+                await _append(backend, merchant_id, 3)
+                await _until(receiver, 9)
+            finally:
+                stopping = True
+                await asyncio.wait_for(asyncio.gather(*tasks), 15)
+                for engine in engines:
+                    await engine.dispose()
+    assert receiver.max_in_flight == 1
+    assert [event["seq"] for event in receiver.events] == list(range(1, 10))
+    assert receiver.bad_signatures == 0
