@@ -553,7 +553,8 @@ def purge() -> None:
             await engine.dispose()
         typer.echo(
             f"purged tombstones={report.tombstones} request_events={report.request_events} "
-            f"outbox_events={report.outbox_events}"
+            f"outbox_events={report.outbox_events} "
+            f"webhook_deliveries={report.webhook_deliveries}"
         )
 
     asyncio.run(run())

@@ -3,8 +3,9 @@
 Processed keys live as long as their transactions (forever). Tombstones (``aborted``,
 ``expired``) are deleted after ``IDEMPAY_TOMBSTONE_RETENTION`` +
 ``IDEMPAY_CLOCK_SKEW_TOLERANCE``; request events after the retention, and only once exported
-to the lake. Creates older than the retention are refused (``captured_at``, or the mint
-time of a UUIDv7 key), and so are times further ahead of the server's clock than the
+to the lake; webhook deliveries the retention after they were delivered or dead-lettered.
+Creates older than the retention are refused (``captured_at``, or the mint time of a UUIDv7
+key), and so are times further ahead of the server's clock than the
 tolerance (422 ``clock_skew``): no late original can outlive its tombstone, not even from a
 terminal whose clock runs ahead. Purges run in bounded batches so they never hold long locks.
 """
@@ -14,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import delete, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.db import atomic, utcnow
 from api.idempotency.store import ABORTED, EXPIRED
 from api.metrics import PURGED
-from api.models import IdempotencyKey, OutboxEvent, RequestEvent
+from api.models import IdempotencyKey, OutboxEvent, RequestEvent, WebhookDelivery
 
 BATCH = 5_000
 
@@ -30,6 +31,7 @@ class PurgeReport:
     tombstones: int
     request_events: int
     outbox_events: int
+    webhook_deliveries: int = 0
 
 
 async def purge(
@@ -44,10 +46,12 @@ async def purge(
     tombstones = await _purge_keys(engine, cutoff - timedelta(seconds=tolerance_seconds))
     events = await _purge_events(engine, cutoff)
     outbox = await _purge_outbox(engine, cutoff)
+    deliveries = await _purge_webhook_deliveries(engine, cutoff)
     PURGED.labels("idempotency_key").inc(tombstones)
     PURGED.labels("request_event").inc(events)
     PURGED.labels("outbox_event").inc(outbox)
-    return PurgeReport(tombstones, events, outbox)
+    PURGED.labels("webhook_delivery").inc(deliveries)
+    return PurgeReport(tombstones, events, outbox, deliveries)
 
 
 async def _purge_keys(engine: AsyncEngine, cutoff: datetime) -> int:
@@ -104,6 +108,18 @@ async def _purge_outbox(engine: AsyncEngine, cutoff: datetime) -> int:
         result = await conn.execute(
             delete(OutboxEvent).where(
                 OutboxEvent.sent_at.is_not(None), OutboxEvent.sent_at < cutoff
+            )
+        )
+    return int(result.rowcount)
+
+
+async def _purge_webhook_deliveries(engine: AsyncEngine, cutoff: datetime) -> int:
+    """Delivered and dead-lettered deliveries, the retention after they ended; pending ones
+    stay (a delivery dead-letters after 3 days of failures)."""
+    async with atomic(engine) as conn:
+        result = await conn.execute(
+            delete(WebhookDelivery).where(
+                or_(WebhookDelivery.delivered_at < cutoff, WebhookDelivery.dead_at < cutoff)
             )
         )
     return int(result.rowcount)
