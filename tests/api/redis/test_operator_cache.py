@@ -1,0 +1,30 @@
+"""`idempay admin key reverse` with Redis configured: a server that cached the key's
+"approved" lookup answers "reversed" right after the command, as after the reversal route
+(contract §3.7) — the command tells Redis through the same code."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from api.cli import app
+from tests.support.backend import FAST_ENV, Backend
+from tests.support.client import Api, new_key
+
+
+def test_a_cached_approval_is_not_served_after_the_command(
+    pg_backend: Backend, shared_redis: dict[str, str]
+) -> None:
+    server = pg_backend.server(**shared_redis)
+    try:
+        api = Api(server.url, pg_backend.api_key("merchant-op-cache"))
+        key = new_key()
+        assert api.create(key).status_code == 201
+        for _ in range(2):  # the second is served from the cache
+            assert api.lookup(key).json()["status"] == "approved"
+        env = {**pg_backend.env, **FAST_ENV, **shared_redis}
+        args = ["admin", "key", "reverse", "merchant-op-cache", key, "--reason", "refund desk"]
+        done = CliRunner().invoke(app, args, env=env)
+        assert done.exit_code == 0 and done.output.startswith("reversed now"), done.output
+        assert api.lookup(key).json()["status"] == "reversed"
+    finally:
+        server.stop()
