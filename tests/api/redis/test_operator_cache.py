@@ -14,7 +14,10 @@ from tests.support.client import Api, new_key
 def test_a_cached_approval_is_not_served_after_the_command(
     pg_backend: Backend, shared_redis: dict[str, str]
 ) -> None:
-    server = pg_backend.server(**shared_redis)
+    server = pg_backend.server(
+        IDEMPAY_REDIS_URL=shared_redis["IDEMPAY_REDIS_URL"],
+        IDEMPAY_REDIS_PREFIX=shared_redis["IDEMPAY_REDIS_PREFIX"],
+    )
     try:
         api = Api(server.url, pg_backend.api_key("merchant-op-cache"))
         key = new_key()
