@@ -583,10 +583,6 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 KEPT_FROM = "\n## Failover"  # written by make failover (idempay_tools/failover.py), not here
 
 
@@ -596,3 +592,7 @@ def _kept_sections(report: Path) -> str:
     old = report.read_text() if report.exists() else ""
     at = old.find(KEPT_FROM)
     return old[at:] if at >= 0 else ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
