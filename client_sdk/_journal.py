@@ -88,6 +88,11 @@ def _now() -> str:
 
 
 _PROCESS = secrets.token_hex(8)  # tells this process from an earlier one with the same pid
+# The owners of the drives running in this process: a lease of this process counts only
+# while its drive runs. A drive that ended without giving its lease back (the release's own
+# write failed: disk full) must not keep recover() in the same process off the key until
+# the lease runs out.
+_DRIVING: set[str] = set()
 
 
 def new_owner() -> str:
@@ -103,7 +108,7 @@ def owner_alive(owner: str) -> bool:
     except ValueError:
         return False
     if pid == os.getpid():
-        return rest.partition(":")[0] == _PROCESS
+        return rest.partition(":")[0] == _PROCESS and owner in _DRIVING
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -157,6 +162,8 @@ class Journal:
                 )
             except sqlite3.IntegrityError as exc:
                 raise JournalError(f"journal already has key {key}") from exc
+        if owner is not None:
+            _DRIVING.add(owner)
         return _entry(row)
 
     def claim(self, key: str, owner: str, *, now: float, hold_s: float) -> JournalEntry | None:
@@ -178,10 +185,13 @@ class Journal:
                 "UPDATE journal_entry SET lease_owner = ?, lease_until = ? WHERE key = ?",
                 (owner, max(entry.deadline, now) + hold_s, key),
             )
+            _DRIVING.add(owner)
             return entry
 
     def release(self, key: str, owner: str) -> None:
-        """Give the lease back (only if ``owner`` still holds it)."""
+        """Give the lease back (only if ``owner`` still holds it). The drive has ended
+        whether or not this write lands."""
+        _DRIVING.discard(owner)
         with self._open():
             self._db.execute(
                 "UPDATE journal_entry SET lease_owner = NULL, lease_until = NULL "
