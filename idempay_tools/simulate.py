@@ -50,6 +50,7 @@ from client_sdk import (
     APIError,
     Client,
     Journal,
+    JournalEntry,
     JournalError,
     JournalState,
     PaymentAborted,
@@ -335,6 +336,10 @@ class _Tally:
         if new:
             self._advance()
 
+    def seen(self, key: str) -> bool:
+        with self._lock:
+            return key in self.result.outcomes
+
     def merge(
         self, counts: Mapping[str, int], faults: Mapping[str, int], *, recovered: int = 0
     ) -> None:
@@ -450,6 +455,14 @@ def _victims(config: FleetConfig) -> dict[int, int]:
     return {i: rng.randint(1, max(1, config.payments - 1)) for i in chosen}
 
 
+def _reported_status(entry: JournalEntry) -> str:
+    """What the terminal would have reported for a settled entry (as ``Terminal.settle``)."""
+    outcome = dict(entry.outcome or {})
+    if outcome.get("kind") == "transaction":
+        return str(outcome.get("status"))
+    return "aborted" if entry.state is JournalState.ABORTED else "rejected"
+
+
 def _run_processes(config: FleetConfig, tally: _Tally) -> None:
     victims = _victims(config)
     _run_all(lambda index: _supervise(config, index, tally, victims.get(index)), config.terminals)
@@ -463,7 +476,13 @@ def _supervise(config: FleetConfig, index: int, tally: _Tally, kill_after: int |
         return
     tally.killed()
     with Journal(config.journal(index)) as journal:
-        started = len(journal.entries())
+        entries = journal.entries()
+    for entry in entries:
+        # Settled by the killed process between its journal write and its report line: the
+        # reboot's recover() will not report it again (it is settled), so count it here.
+        if entry.state.is_terminal and not tally.seen(entry.key):
+            tally.record(entry.key, _reported_status(entry))
+    started = len(entries)
     _follow(config, index, tally, payments=config.payments - started, reboot=True)
 
 
