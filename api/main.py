@@ -20,6 +20,7 @@ from api.auth import Authenticator
 from api.config import Settings
 from api.context import AppContext
 from api.db import create_engine
+from api.docs_page import mount_docs
 from api.errors import ApiError, ValidationFailedError, problem_response, unexpected
 from api.events.writer import EventWriter
 from api.http_limits import BodyDeadlineMiddleware
@@ -194,7 +195,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1.0.0",
         summary="Exactly-once card transactions for payment terminals on unreliable links.",
         lifespan=lifespan,
+        docs_url=None,  # mount_docs serves /docs from the app's own assets
+        redoc_url=None,
     )
+    mount_docs(app)
     # Outermost last: the request id is bound first, so a 408 carries X-Request-Id too.
     app.add_middleware(CreateRoute)  # innermost: the create's lean route (lean.py)
     app.add_middleware(BodyDeadlineMiddleware, timeout=settings.body_timeout, limit=MAX_BODY_BYTES)
