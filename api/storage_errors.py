@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import asyncpg
 import sqlalchemy.exc
 
 
 def storage_unavailable(exc: BaseException) -> bool:
     """True for "the database cannot serve us now" (connect refused, pool exhausted, too many
-    clients, connection lost): answered 503, retry-safe. Constraint violations and other
-    statement errors are bugs, not outages, and stay 500."""
+    clients, connection lost, a primary demoted under us): answered 503, retry-safe.
+    Constraint violations and other statement errors are bugs, not outages, and stay 500.
+    One judgement for both paths: SQLAlchemy's wrapped errors and the one-write path's raw
+    asyncpg errors."""
     if isinstance(exc, STORAGE_ERRORS):
         return True
     if isinstance(exc, sqlalchemy.exc.DBAPIError):
         if exc.connection_invalidated or exc.statement is None:
             return True
         return _sqlstate(exc.orig).startswith(UNAVAILABLE_SQLSTATES)
-    return False
+    return _sqlstate(exc).startswith(UNAVAILABLE_SQLSTATES)
 
 
 # Connection exception, insufficient resources, operator intervention (shutdown, crash,
@@ -40,4 +43,8 @@ STORAGE_ERRORS: tuple[type[BaseException], ...] = (
     ConnectionError,
     OSError,
     TimeoutError,
+    # asyncpg's client side: a connection closed, or left mid-operation (seen as
+    # InternalClientError during a Patroni switchover)
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
 )

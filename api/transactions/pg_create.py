@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.db import utcnow
 from api.idempotency.store import KeyRecord
+from api.storage_errors import storage_unavailable
 from api.transactions.inline import (
     TRANSACTION_COLUMNS,
     InlineCreate,
@@ -73,19 +74,6 @@ READ_TRANSACTION = (
     f'SELECT {TRANSACTION_COLUMNS} FROM "transaction" WHERE merchant_id = $1 AND id = $2'
 )
 
-# "The database cannot serve us now" (class 08 connection, 53 resources, 57 operator
-# intervention, 25006 a primary demoted under us, a connection closed or left in a broken
-# state mid-operation — seen as InternalClientError during a Patroni switchover): 503,
-# retry-safe with the same key. Statement errors stay 500.
-_UNAVAILABLE = (
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InsufficientResourcesError,
-    asyncpg.OperatorInterventionError,
-    asyncpg.ReadOnlySQLTransactionError,
-)
-
 
 class PgInline:
     def __init__(self, engine: AsyncEngine) -> None:
@@ -98,7 +86,9 @@ class PgInline:
             raise StorageUnavailableError(type(exc).__name__) from exc
         try:
             return await getattr(pooled.driver_connection, method)(statement, *args)
-        except _UNAVAILABLE as exc:
+        except Exception as exc:
+            if not storage_unavailable(exc):
+                raise  # a statement error: a bug, not an outage (500)
             pooled.invalidate(exc)  # never hand a broken connection back to the pool
             raise StorageUnavailableError(type(exc).__name__) from exc
         finally:
