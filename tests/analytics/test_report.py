@@ -11,33 +11,14 @@ from pathlib import Path
 import pytest
 
 from analytics.report import AuditData, render
+from tests.support.chromium import FLAGS, ensure_chromium
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-default-apps",
-    "--disable-sync",
-    "--disable-extensions",
-    "--no-first-run",
-    "--metrics-recording-only",
-    "--dump-dom",
-]
+CHROMIUM_FLAGS = FLAGS
 
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "ensure_chromium.sh")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    )
-    return done.stdout.strip().splitlines()[-1]
+    return ensure_chromium()
 
 
 def _fleet(day: str, retry: float, duplicate: float, in_doubt: float) -> dict[str, object]:

@@ -6,39 +6,22 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.support.backend import Backend
+from tests.support.chromium import FLAGS, ensure_chromium
 
-ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-default-apps",
-    "--disable-sync",
-    "--disable-extensions",
-    "--no-first-run",
+    *FLAGS,
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",  # the network is cut
     "--virtual-time-budget=10000",
-    "--dump-dom",
 ]
 
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "ensure_chromium.sh")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    )
-    return done.stdout.strip().splitlines()[-1]
+    return ensure_chromium()
 
 
 def test_docs_render_with_the_network_cut(chromium: str, sqlite_backend: Backend) -> None:
