@@ -58,13 +58,19 @@ def drop_database(name: str) -> None:
 
 
 def prepare_database(name: str) -> str:
-    """Apply the migrations and return a new API key for the merchant ``bench``."""
+    """Apply the migrations to the private Postgres database ``name``; a new API key."""
+    return prepare_url(database_url(name))
+
+
+def prepare_url(url: str) -> str:
+    """Apply the migrations to the database at ``url`` and return a new API key for the
+    merchant ``bench``."""
     from api.auth import create_api_key
     from api.config import Settings
     from api.db import create_engine
     from api.migrate import migrate
 
-    settings = Settings(database_url=database_url(name))
+    settings = Settings(database_url=url)
     migrate(settings)
 
     async def make_key() -> str:

@@ -16,7 +16,6 @@ own process group, on a private Redis database number and key prefix.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import sys
@@ -27,6 +26,7 @@ from fastapi import FastAPI, Header
 from pydantic import BaseModel, ConfigDict, Field
 
 from idempay_tools.serve_process import ServerProcess
+from loadtest._bench_env import prepare_url
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_ENV = "IDEMPAY_BENCH_PEER_REDIS_URL"
@@ -132,22 +132,7 @@ def sqlite_url(path: Path) -> str:
 
 def prepare_sqlite(path: Path) -> str:
     """Migrate a fresh SQLite database file and return an API key for the merchant ``bench``."""
-    from api.auth import create_api_key
-    from api.config import Settings
-    from api.db import create_engine
-    from api.migrate import migrate
-
-    settings = Settings(database_url=sqlite_url(path))
-    migrate(settings)
-
-    async def make_key() -> str:
-        engine = create_engine(settings)
-        try:
-            return await create_api_key(engine, "bench")
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(make_key())
+    return prepare_url(sqlite_url(path))
 
 
 def clean_redis(url: str, prefix: str) -> None:
