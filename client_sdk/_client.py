@@ -223,6 +223,13 @@ class Client(BaseClient):
         self.close()
 
     def _run(self, steps: Steps[_T]) -> _T:
+        try:
+            return self._interpret(steps)
+        except BaseException:
+            steps.close()  # interrupted: the protocol ends its drive (no effect runs)
+            raise
+
+    def _interpret(self, steps: Steps[_T]) -> _T:
         reply: object = None
         failure: Exception | None = None
         while True:
@@ -410,6 +417,13 @@ class AsyncClient(BaseClient):
         await self.close()
 
     async def _run(self, steps: Steps[_T]) -> _T:
+        try:
+            return await self._interpret(steps)
+        except BaseException:
+            steps.close()  # cancelled: the protocol ends its drive (no effect runs)
+            raise
+
+    async def _interpret(self, steps: Steps[_T]) -> _T:
         reply: object = None
         failure: Exception | None = None
         while True:

@@ -100,6 +100,12 @@ def new_owner() -> str:
     return f"{os.getpid()}:{_PROCESS}:{secrets.token_hex(8)}"
 
 
+def end_drive(owner: str) -> None:
+    """The drive ``owner`` is over in this process (released, failed, cancelled): a lease it
+    left in the file no longer counts as a live driver here."""
+    _DRIVING.discard(owner)
+
+
 def owner_alive(owner: str) -> bool:
     """Whether the process that wrote a lease owner is still running."""
     pid_text, _, rest = owner.partition(":")
@@ -153,17 +159,22 @@ class Journal:
             now,
             now,
         )
-        with self._open():
-            try:
-                self._db.execute(
-                    f"INSERT INTO journal_entry ({_COLUMNS}, lease_owner, lease_until) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (*row, owner, lease_until),
-                )
-            except sqlite3.IntegrityError as exc:
-                raise JournalError(f"journal already has key {key}") from exc
-        if owner is not None:
+        if owner is not None:  # before the lease is written: no claim may see it ownerless
             _DRIVING.add(owner)
+        try:
+            with self._open():
+                try:
+                    self._db.execute(
+                        f"INSERT INTO journal_entry ({_COLUMNS}, lease_owner, lease_until) "
+                        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                        (*row, owner, lease_until),
+                    )
+                except sqlite3.IntegrityError as exc:
+                    raise JournalError(f"journal already has key {key}") from exc
+        except BaseException:
+            if owner is not None:
+                end_drive(owner)
+            raise
         return _entry(row)
 
     def claim(self, key: str, owner: str, *, now: float, hold_s: float) -> JournalEntry | None:
@@ -191,7 +202,7 @@ class Journal:
     def release(self, key: str, owner: str) -> None:
         """Give the lease back (only if ``owner`` still holds it). The drive has ended
         whether or not this write lands."""
-        _DRIVING.discard(owner)
+        end_drive(owner)
         with self._open():
             self._db.execute(
                 "UPDATE journal_entry SET lease_owner = NULL, lease_until = NULL "

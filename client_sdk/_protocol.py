@@ -32,7 +32,7 @@ from ._exceptions import (
     PaymentAbortedError,
     PaymentInDoubtError,
 )
-from ._journal import JournalEntry
+from ._journal import JournalEntry, end_drive
 from ._models import JournalState, Recovered, Transaction
 from ._settle import fence, fenced, finish, rejected, settled_outcome
 
@@ -195,6 +195,9 @@ def _driven(run: Run, owner: str, steps: Steps[Transaction]) -> Steps[Transactio
             failure = exc
     except Exception as exc:
         failure = _as_error(exc, run.key)
+    except BaseException:  # cancelled, interrupted, closed unfinished: no effect can run now
+        end_drive(owner)  # the lease stays in the file, but no live driver holds it
+        raise
     with contextlib.suppress(Exception):  # best effort: a lease also ends with its time
         yield Release(run.key, owner)
     if failure is not None:
