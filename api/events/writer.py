@@ -7,7 +7,7 @@ COMMIT succeeded and whose reply was lost — lands once. A flush that fails or 
 cancelled puts its batch back on the queue.
 
 Shutdown (``close``) stops the periodic loop, lets a flush under way finish and drains the
-queue, within a deadline; only events still queued at the deadline are lost, and counted
+queue — retrying a flush that fails, e.g. while the database restarts — within a deadline; only events still queued at the deadline are lost, and counted
 in the log. A process killed with SIGKILL loses what it had not flushed (at most one flush
 interval of events; never a payment: events are an audit log, the key and transaction rows
 are the record). A full queue drops new events and counts them in
@@ -34,6 +34,7 @@ from api.models import RequestEvent
 
 log = structlog.get_logger("idempay.events")
 SHUTDOWN_DRAIN_SECONDS = 10.0
+DRAIN_RETRY_SECONDS = 0.05  # first pause after a failed flush while draining
 
 
 class RequestOutcome(StrEnum):
@@ -136,9 +137,16 @@ class EventWriter:
         await self.drain()
 
     async def drain(self) -> None:
+        """Flush until the queue is empty. A flush that fails (storage restarting while
+        the process shuts down) is retried after a pause instead of giving the queue up:
+        ``close`` bounds the whole drain by its deadline."""
+        pause = DRAIN_RETRY_SECONDS
         while not self._queue.empty():
             if await self.flush() == 0:
-                return
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+            else:
+                pause = DRAIN_RETRY_SECONDS
 
     async def close(
         self, runner: asyncio.Task[None], *, deadline: float = SHUTDOWN_DRAIN_SECONDS

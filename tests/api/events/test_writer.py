@@ -157,3 +157,67 @@ async def test_a_batch_retried_after_a_lost_commit_reply_lands_once(
         finally:
             await engine.dispose()
     assert await _rows(private_pg_backend, merchant) == (50, 50)
+
+
+class _Gate:
+    """A TCP hop to Postgres that can be shut: while shut, every connection is cut at
+    once (the database restarting, as ``make chaos``'s Postgres restart does)."""
+
+    def __init__(self) -> None:
+        self.shut = False
+        self.port = 0
+        self._open: set[asyncio.StreamWriter] = set()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[_Gate]:
+        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        try:
+            yield self
+        finally:
+            server.close()
+
+    def close_all(self) -> None:
+        self.shut = True
+        for writer in list(self._open):
+            writer.transport.abort()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self.shut:
+            client_w.transport.abort()
+            return
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", 5432)
+        self._open.update((client_w, server_w))
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+            w.close()
+
+        await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w), return_exceptions=True)
+        self._open.difference_update((client_w, server_w))
+
+
+async def test_shutdown_drain_waits_out_a_database_restart(private_pg_backend: Backend) -> None:
+    """Chaos (90 s run): a rolling restart met a Postgres restart; the drain's first flush
+    failed and the drain gave the queue up — an answered create never logged. The drain
+    retries within its deadline instead."""
+    merchant = f"mer_{uuid.uuid4().hex[:12]}"
+    assert private_pg_backend.database_url is not None
+    async with _Gate().running() as gate:
+        url = private_pg_backend.database_url.replace(":5432/", f":{gate.port}/")
+        engine = create_engine(Settings(database_url=url, var_dir=private_pg_backend.tmp / "v"))
+        writer = EventWriter(engine, batch_size=100, interval=60, max_queue=1000)
+        try:
+            runner = asyncio.create_task(writer.run_forever())
+            await asyncio.sleep(0.05)
+            gate.close_all()  # the database goes away just before the shutdown
+            for event in _events(merchant, 30):
+                writer.record(event)
+            loop = asyncio.get_running_loop()
+            loop.call_later(0.5, setattr, gate, "shut", False)  # and is back 0.5 s later
+            assert await writer.close(runner, deadline=10.0) == 0
+        finally:
+            await engine.dispose()
+    assert await _rows(private_pg_backend, merchant) == (30, 30)
