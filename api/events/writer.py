@@ -7,11 +7,11 @@ COMMIT succeeded and whose reply was lost — lands once. A flush that fails or 
 cancelled puts its batch back on the queue.
 
 Shutdown (``close``) stops the periodic loop, lets a flush under way finish and drains the
-queue — retrying a flush that fails, e.g. while the database restarts — within a deadline; only events still queued at the deadline are lost, and counted
-in the log. A process killed with SIGKILL loses what it had not flushed (at most one flush
-interval of events; never a payment: events are an audit log, the key and transaction rows
-are the record). A full queue drops new events and counts them in
-``idempay_events_dropped_total``.
+queue — retrying a flush that fails, e.g. while the database restarts — within a deadline;
+only events still queued at the deadline are lost, and counted in the log. A process killed
+with SIGKILL loses what it had not flushed (at most one flush interval of events; never a
+payment: events are an audit log, the key and transaction rows are the record). A full queue
+drops new events and counts them in ``idempay_events_dropped_total``.
 """
 
 from __future__ import annotations

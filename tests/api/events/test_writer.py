@@ -195,7 +195,9 @@ class _Gate:
                 await w.drain()
             w.close()
 
-        await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w), return_exceptions=True)
+        await asyncio.gather(
+            pipe(client_r, server_w), pipe(server_r, client_w), return_exceptions=True
+        )
         self._open.difference_update((client_w, server_w))
 
 
