@@ -97,7 +97,7 @@ def test_relay_killed_mid_batch_publishes_everything_and_consumers_see_each_once
 def test_rate_limit_on_redis_is_per_api_key(
     pg_backend: Backend, shared_redis: dict[str, str]
 ) -> None:
-    server = pg_backend.server(**shared_redis, IDEMPAY_RATE_LIMIT="5/second")
+    server = pg_backend.server(**shared_redis, IDEMPAY_RATE_LIMIT="5/minute")
     try:
         noisy = Api(server.url, pg_backend.api_key("merchant-rl-noisy"))
         calm = Api(server.url, pg_backend.api_key("merchant-rl-calm"))
@@ -118,7 +118,7 @@ def test_rate_limit_on_redis_is_per_api_key(
 def test_rate_limit_falls_back_to_memory_while_redis_is_down(
     pg_backend: Backend, private_redis: RedisServer
 ) -> None:
-    server = pg_backend.server(IDEMPAY_REDIS_URL=private_redis.url, IDEMPAY_RATE_LIMIT="5/second")
+    server = pg_backend.server(IDEMPAY_REDIS_URL=private_redis.url, IDEMPAY_RATE_LIMIT="5/minute")
     try:
         api = Api(server.url, pg_backend.api_key("merchant-rl-fallback"))
         private_redis.kill()
