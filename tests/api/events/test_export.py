@@ -9,7 +9,6 @@ import hmac
 import os
 import subprocess
 import sys
-import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from sqlalchemy.pool import NullPool
 from api.models import RequestEvent
 from tests.support.backend import Backend
 from tests.support.client import Api, body, card, new_key
+from tests.support.eventually import eventually
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "tok_visa_4242"
@@ -101,20 +101,13 @@ def _insert_event(backend: Backend, **values: Any) -> None:
     asyncio.run(run())
 
 
-def _wait_for_events(backend: Backend, merchant_ids: list[str], expected: int) -> None:
-    deadline = time.monotonic() + 10
-    count = -1
-    while time.monotonic() < deadline:
-        rows = backend.sql(
-            "SELECT count(*) FROM request_event WHERE merchant_id IN (:a, :b)",
-            a=merchant_ids[0],
-            b=merchant_ids[1],
-        )
-        count = int(rows[0][0])
-        if count == expected:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"expected {expected} request events, found {count}")
+def _event_count(backend: Backend, merchant_ids: list[str]) -> int:
+    rows = backend.sql(
+        "SELECT count(*) FROM request_event WHERE merchant_id IN (:a, :b)",
+        a=merchant_ids[0],
+        b=merchant_ids[1],
+    )
+    return int(rows[0][0])
 
 
 def test_export_writes_the_contract_idempotently_and_no_token(
@@ -146,7 +139,11 @@ def _export_round_trip(backend: Backend, url: str, lake: Path) -> None:
         name: backend.sql("SELECT id FROM merchant WHERE name = :n", n=name)[0][0] for name in names
     }
     merchant_a, merchant_b = ids[names[0]], ids[names[1]]
-    _wait_for_events(backend, [merchant_a, merchant_b], 9)
+    eventually(
+        lambda: _event_count(backend, [merchant_a, merchant_b]),
+        until=lambda count: count == 9,
+        what="the 9 request events of the requests above",
+    )
     today = datetime.now(UTC).date()
     yesterday = today - timedelta(days=1)
     _insert_event(

@@ -5,7 +5,6 @@ recorded with. Real Postgres; the faults are a table lock and a cut TCP connecti
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +19,7 @@ from api.db import create_engine
 from api.events.writer import Event, EventWriter
 from api.main import create_app
 from tests.support.backend import Backend
+from tests.support.eventually import eventually_async
 
 # CommandComplete("COMMIT"): what Postgres answers once a COMMIT has been made durable.
 COMMIT_REPLY = b"C\x00\x00\x00\x0bCOMMIT\x00"
@@ -57,10 +57,12 @@ async def _rows(backend: Backend, merchant: str) -> tuple[int, int]:
 
 
 async def _wait_for_blocked_insert(backend: Backend) -> None:
-    deadline = time.monotonic() + 30
-    while int((await asyncio.to_thread(backend.sql, WAITING_INSERT))[0][0]) == 0:
-        assert time.monotonic() < deadline, "the writer never started its INSERT"
-        await asyncio.sleep(0.02)
+    async def waiting() -> int:
+        return int((await asyncio.to_thread(backend.sql, WAITING_INSERT))[0][0])
+
+    await eventually_async(
+        waiting, what="the writer's INSERT waiting on the table lock", timeout=30
+    )
 
 
 async def test_shutdown_finishes_the_flush_under_way_instead_of_cancelling_it(
@@ -213,7 +215,7 @@ async def test_shutdown_drain_waits_out_a_database_restart(private_pg_backend: B
         writer = EventWriter(engine, batch_size=100, interval=60, max_queue=1000)
         try:
             runner = asyncio.create_task(writer.run_forever())
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0)  # the runner starts, waiting out its interval
             gate.close_all()  # the database goes away just before the shutdown
             for event in _events(merchant, 30):
                 writer.record(event)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import jsonschema
 from api.db import create_engine
 from idempay_tools.invariants import InvariantReport, check_invariants
 from tests.support.backend import Backend
+from tests.support.eventually import eventually
 from tests.support.services import Server
 
 IDEMPOTENCY_STATUSES = frozenset(
@@ -232,16 +232,17 @@ def wait_for_outcomes(backend: Backend, merchant_ids: list[str], timeout: float 
     """Let the completer finish keys still processing (slow issuer paths), then return."""
     params = {f"m{i}": merchant for i, merchant in enumerate(merchant_ids)}
     in_list = ", ".join(f":{name}" for name in params)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = backend.sql(
-            "SELECT count(*) FROM idempotency_key WHERE state = 'processing'"
+    eventually(
+        lambda: backend.sql(
+            "SELECT merchant_id, key FROM idempotency_key WHERE state = 'processing'"
             f" AND merchant_id IN ({in_list})",
             **params,
-        )
-        if int(rows[0][0]) == 0:
-            return
-        time.sleep(0.3)
+        ),
+        until=lambda processing: not processing,
+        what="the completer to settle every key left processing",
+        timeout=timeout,
+        interval=0.3,
+    )
 
 
 def assert_whole(backend: Backend, merchant_ids: list[str]) -> LedgerReport:

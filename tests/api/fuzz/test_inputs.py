@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from hypothesis import strategies as st
 from tests.api.fuzz.conftest import Target
 from tests.api.fuzz.contract import assert_whole, check_response
 from tests.support.client import CARD
+from tests.support.eventually import eventually
 
 # IDEMPAY_FUZZ_EXAMPLES=2000 for a deeper local run; CI runs the derandomized default.
 FUZZ = settings(
@@ -468,13 +468,12 @@ def test_a_non_ascii_digit_attempt_is_unknown_not_a_500(session: Session, attemp
     )
     check_response(response, session.target.schemas)
     assert response.status_code == 201, response.text
-    deadline = time.monotonic() + 10
-    rows: list[Any] = []
-    while not rows and time.monotonic() < deadline:
-        rows = session.target.backend.sql(
+    rows = eventually(
+        lambda: session.target.backend.sql(
             "SELECT attempt FROM request_event WHERE idempotency_key = :k", k=key
-        )
-        time.sleep(0.05)
+        ),
+        what="the create's request event",
+    )
     assert [row[0] for row in rows] == [None]
 
 
