@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -22,6 +21,7 @@ import redis
 
 from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, card, new_key
+from tests.support.eventually import eventually
 from tests.support.forwarder import Forwarder
 from tests.support.services import ROOT, RedisServer, pg_url
 
@@ -53,6 +53,11 @@ async def _mixed_load(api: Api, keys: list[str], rounds: int) -> Counter[int]:
     return statuses
 
 
+def _readiness(api: Api) -> dict[str, object]:
+    with api.client() as client:
+        return client.get("/readyz").json()  # type: ignore[no-any-return]
+
+
 def test_redis_killed_and_flushed_mid_run_changes_nothing(
     pg_backend: Backend, private_redis: RedisServer
 ) -> None:
@@ -70,10 +75,12 @@ def test_redis_killed_and_flushed_mid_run_changes_nothing(
         assert ready.status_code == 200
         assert ready.json() == {"status": "degraded", "checks": {"database": "ok", "redis": "down"}}
         private_redis.start()  # same port: the pool reconnects
-        deadline = time.monotonic() + 15
-        while api.client().get("/readyz").json()["status"] != "ok":
-            assert time.monotonic() < deadline, "readiness did not recover"
-            time.sleep(0.2)
+        eventually(
+            lambda: _readiness(api),
+            until=lambda ready: ready["status"] == "ok",
+            what="readiness to recover once Redis is back",
+            timeout=15,
+        )
         after = asyncio.run(_mixed_load(api, keys, 5))
     finally:
         server.stop()
@@ -271,10 +278,11 @@ def test_a_leftover_busy_marker_does_not_hide_a_fence(
     sender = threading.Thread(target=lambda: _swallow(api, key, payment), daemon=True)
     sender.start()
     client = redis.Redis.from_url(private_redis.url)
-    deadline = time.monotonic() + 30
-    while not any(key in name.decode() for name in client.scan_iter("*busy*")):
-        assert time.monotonic() < deadline, "the claim never marked the key busy"
-        time.sleep(0.01)
+    eventually(
+        lambda: any(key in name.decode() for name in client.scan_iter("*busy*")),
+        what="the claim to mark the key busy in Redis",
+        timeout=30,
+    )
     first.kill()
     sender.join(30)
 
@@ -282,10 +290,12 @@ def test_a_leftover_busy_marker_does_not_hide_a_fence(
     api = Api(second.url, api.api_key)
     try:
         assert any(key in name.decode() for name in client.scan_iter("*busy*"))
-        deadline = time.monotonic() + 30
-        while (abort := api.abort(key)).status_code == 409:  # the grace after the claim
-            assert time.monotonic() < deadline, abort.text
-            time.sleep(0.1)
+        abort = eventually(
+            lambda: api.abort(key),
+            until=lambda answer: answer.status_code != 409,  # the grace after the claim
+            what="the abort to be answered other than 409",
+            timeout=30,
+        )
         assert abort.json()["status"] == "aborted", abort.text
         assert_problem(api.create(key, payment), 410, "transaction_aborted")
     finally:

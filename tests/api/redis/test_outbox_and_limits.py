@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import defaultdict
 
 import pytest
@@ -18,6 +17,7 @@ from api.outbox.relay import consume
 from tests.api.redis.conftest import SHARED_REDIS
 from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, new_key
+from tests.support.eventually import eventually
 from tests.support.services import ROOT, RedisServer
 
 
@@ -57,10 +57,8 @@ def test_relay_killed_mid_batch_publishes_everything_and_consumers_see_each_once
     client = redis.Redis.from_url(SHARED_REDIS)
     relay_env = {**env, "IDEMPAY_RELAY_BATCH": "10", "IDEMPAY_RELAY_MARK_DELAY": "1.0"}
     relay = _relay(relay_env)
-    deadline = time.monotonic() + 20
-    while client.xlen(stream) == 0:  # a batch is published, and not yet marked sent
-        assert time.monotonic() < deadline, "relay published nothing"
-        time.sleep(0.05)
+    # a batch is published, and not yet marked sent (the relay pauses 1 s before marking)
+    eventually(lambda: client.xlen(stream), what="the relay's first published batch", timeout=20)
     os.killpg(relay.pid, signal.SIGKILL)
     relay.wait(5)
     unsent_after_kill = pg_backend.sql("SELECT count(*) FROM outbox_event WHERE sent_at IS NULL")
@@ -68,10 +66,12 @@ def test_relay_killed_mid_batch_publishes_everything_and_consumers_see_each_once
 
     relay = _relay({**env, "IDEMPAY_RELAY_BATCH": "10"})
     try:
-        deadline = time.monotonic() + 30
-        while pg_backend.sql("SELECT count(*) FROM outbox_event WHERE sent_at IS NULL")[0][0]:
-            assert time.monotonic() < deadline, "relay did not drain the outbox"
-            time.sleep(0.1)
+        eventually(
+            lambda: pg_backend.sql("SELECT count(*) FROM outbox_event WHERE sent_at IS NULL"),
+            until=lambda unsent: unsent[0][0] == 0,
+            what="the relay to drain the outbox (events not sent)",
+            timeout=30,
+        )
     finally:
         os.killpg(relay.pid, signal.SIGTERM)
         relay.wait(5)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from api.db import create_engine
 from api.outbox.relay import LOCK_ID, STREAM_MAXLEN, Relay
 from tests.api.redis.conftest import SHARED_REDIS
 from tests.support.backend import Backend
+from tests.support.eventually import eventually_async
 
 HOLDER = (
     "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = :lock "
@@ -35,13 +35,14 @@ async def _holder(backend: Backend) -> int | None:
 
 
 async def _wait_holder(backend: Backend, *, other_than: int | None) -> int:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        pid = await _holder(backend)
-        if pid is not None and pid != other_than:
-            return pid
-        await asyncio.sleep(0.1)
-    raise AssertionError("no relay holds the leadership lock")
+    pid = await eventually_async(
+        lambda: _holder(backend),
+        until=lambda pid: pid is not None and pid != other_than,
+        what=f"a relay holding the leadership lock (a session other than {other_than})",
+        timeout=20,
+    )
+    assert pid is not None
+    return pid
 
 
 async def test_a_relay_whose_lock_session_dies_leads_again(pg_backend: Backend) -> None:
@@ -112,14 +113,23 @@ async def test_two_relay_ticks_at_once_number_each_event_once(
                 {"m": merchant},
             )
             tick_a = asyncio.create_task(relay_a.run_once())
-            deadline = time.monotonic() + 20
-            while await _waiting(private_pg_backend) < 1:
-                assert time.monotonic() < deadline, "relay A never reached the counter"
-                await asyncio.sleep(0.02)
+            await eventually_async(
+                lambda: _waiting(private_pg_backend),
+                until=lambda waiting: waiting >= 1,
+                what="relay A waiting on the merchant's counter row",
+                timeout=20,
+            )
             tick_b = asyncio.create_task(relay_b.run_once())
-            while not tick_b.done() and await _waiting(private_pg_backend) < 2:
-                assert time.monotonic() < deadline + 20, "relay B neither ended nor waited"
-                await asyncio.sleep(0.02)
+
+            async def b_state() -> tuple[bool, int]:
+                return tick_b.done(), await _waiting(private_pg_backend)
+
+            await eventually_async(
+                b_state,
+                until=lambda state: state[0] or state[1] >= 2,
+                what="relay B to end its tick or wait on a lock (done, sessions waiting)",
+                timeout=20,
+            )
             await conn.execute(text("COMMIT"))
         await asyncio.wait_for(asyncio.gather(tick_a, tick_b), 30)
         while await relay_a.run_once():
