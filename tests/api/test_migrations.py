@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from api.migrate import MIGRATION_LOCK
+from tests.support.eventually import eventually
 from tests.support.services import ROOT, create_database, drop_database, pg_url
 
 # Each process imports everything first, then waits for the go file, so that the
@@ -45,8 +44,7 @@ def test_concurrent_migrations_on_a_fresh_database_all_succeed(tmp_path: Path) -
         for proc in procs:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == b"ready"
-        time.sleep(0.2)
-        go.touch()
+        go.touch()  # every racer is at its start line
         outputs = [proc.communicate(timeout=120)[0].decode() for proc in procs]
         assert [proc.returncode for proc in procs] == [0] * len(procs), outputs
         check = subprocess.run(
@@ -67,13 +65,6 @@ def _psql(database: str, sql: str) -> str:
     return done.stdout.strip()
 
 
-def _wait(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_a_migration_waits_for_the_migration_lock(tmp_path: Path) -> None:
     """Deterministic: while another session holds the lock, a migration waits on it (seen in
     pg_stat_activity) and has created nothing; once the holder is gone it completes."""
@@ -86,7 +77,12 @@ def test_a_migration_waits_for_the_migration_lock(tmp_path: Path) -> None:
     migration: subprocess.Popen[bytes] | None = None
     try:
         held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-        _wait(lambda: _psql(name, held) == "1", "the test's session never took the lock")
+        eventually(
+            lambda: _psql(name, held),
+            until=lambda count: count == "1",
+            what="the test's session to take the migration lock",
+            timeout=60,
+        )
         migration = subprocess.Popen(
             [sys.executable, "-m", "api", "migrate"],
             cwd=ROOT,
@@ -98,7 +94,12 @@ def test_a_migration_waits_for_the_migration_lock(tmp_path: Path) -> None:
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
         )
-        _wait(lambda: _psql(name, waiting) == "1", "the migration did not wait on the lock")
+        eventually(
+            lambda: _psql(name, waiting),
+            until=lambda count: count == "1",
+            what="the migration to wait on the lock",
+            timeout=60,
+        )
         assert migration.poll() is None
         assert _psql(name, "SELECT to_regclass('idempotency_key') IS NULL") == "t"
         _psql(

@@ -17,6 +17,7 @@ from api.db import create_engine
 from api.models import IdempotencyKey
 from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, new_key
+from tests.support.eventually import eventually
 from tests.support.services import ROOT
 
 # No clock-skew tolerance here: tombstones go at the retention itself (see SKEW below).
@@ -52,12 +53,22 @@ def test_purged_tombstone_cannot_let_a_late_original_through(pg_backend: Backend
         api.create(processed, body(captured_at=captured.isoformat()))
         assert api.abort(aborted).json()["status"] == "aborted"
         assert api.abort(minted_v7).json()["status"] == "aborted"
+        eventually(  # the three requests' events, flushed by the server's writer
+            lambda: pg_backend.sql(
+                "SELECT count(*) FROM request_event WHERE idempotency_key IN (:a, :b, :c)",
+                a=aborted,
+                b=processed,
+                c=minted_v7,
+            )[0][0],
+            until=lambda count: count == 3,
+            what="the request events of the create and the two aborts",
+        )
         old_event = pg_backend.sql("SELECT count(*) FROM request_event")[0][0]
         pg_backend.sql(  # as if exported to the lake
             "UPDATE request_event SET exported_at = ts WHERE merchant_id = "
             "(SELECT id FROM merchant WHERE name = 'merchant-retention')"
         )
-        time.sleep(3.5)
+        time.sleep(3.5)  # past the 3 s retention window: time itself, nothing to poll
 
         out = _purge(pg_backend)
         assert "purged tombstones=" in out
@@ -88,11 +99,16 @@ def test_unexported_events_are_kept(pg_backend: Backend) -> None:
     try:
         key = new_key()
         api.create(key)
-        time.sleep(0.3)
+        eventually(
+            lambda: pg_backend.sql(
+                "SELECT count(*) FROM request_event WHERE idempotency_key = :k", k=key
+            )[0][0],
+            what="the create's request event",
+        )
         pg_backend.sql(
             "UPDATE request_event SET exported_at = NULL WHERE idempotency_key = :k", k=key
         )
-        time.sleep(3.5)
+        time.sleep(3.5)  # past the 3 s retention window: time itself, nothing to poll
         _purge(pg_backend)
         kept = pg_backend.sql(
             "SELECT count(*) FROM request_event WHERE idempotency_key = :k", k=key

@@ -9,7 +9,6 @@ import asyncio
 import hashlib
 import hmac
 import secrets
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from api.db import create_engine
 from api.events.export import export_day
 from tests.api.security.conftest import Audited, log_records
 from tests.support.client import assert_problem, body, new_key
+from tests.support.eventually import eventually
 
 SECRET = "sec-test-" + secrets.token_hex(8)
 SERVER_ENV = {"IDEMPAY_SECRET_KEY": SECRET}
@@ -144,7 +144,16 @@ def test_keys_tokens_and_pans_never_leak(audited: Audited, tmp_path: Path) -> No
     assert [
         r.headers["x-request-id"] for r in responses if PAN in r.headers.get("x-request-id", "")
     ] == [PAN]  # echoed to its sender only, as sent
-    time.sleep(0.5)  # the request events flush every 0.05 s
+    # One worker's writer flushes its queue in order: once a last lookup's event is stored,
+    # the events of every request above are too.
+    last = new_key()
+    assert api.lookup(last).status_code == 404
+    eventually(
+        lambda: audited.backend.sql(
+            "SELECT 1 FROM request_event WHERE idempotency_key = :k", k=last
+        ),
+        what="the request events of the requests above (a last lookup's)",
+    )
     days.add(datetime.now(UTC).date())
     lake = tmp_path / "lake"
     _export(audited, lake, days)

@@ -4,13 +4,13 @@ docs/security.md, "Noisy neighbours")."""
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 from tests.support.backend import Backend
 from tests.support.client import Api, body, card, new_key
+from tests.support.eventually import eventually
 
 FLOOD_CONNECTIONS = 60
 
@@ -45,17 +45,25 @@ def test_a_flood_of_unanswered_payments_does_not_starve_another_merchant(
         with ThreadPoolExecutor(FLOOD_CONNECTIONS) as pool:
             floods = [pool.submit(_flood, noisy, stop) for _ in range(FLOOD_CONNECTIONS)]
             try:
-                backlog = 0
-                while backlog < 150:  # A's keys waiting for the completer
-                    time.sleep(0.2)
-                    backlog = backend.sql(
+                backlog = eventually(
+                    lambda: backend.sql(
                         "SELECT count(*) FROM idempotency_key WHERE state = 'processing'"
-                    )[0][0]
+                    )[0][0],
+                    until=lambda processing: processing >= 150,
+                    what="a backlog of 150 of A's keys waiting for the completer",
+                    timeout=120,
+                    interval=0.2,
+                )
                 key = new_key()
                 created = victim.create(key, body(card=card("tok_issuer_timeout")))
                 assert created.status_code == 202, created.text
-                while (answer := victim.lookup(key)).status_code == 202:
-                    time.sleep(0.2)
+                answer = eventually(
+                    lambda: victim.lookup(key),
+                    until=lambda lookup: lookup.status_code != 202,
+                    what="B's payment to leave processing",
+                    timeout=120,
+                    interval=0.2,
+                )
             finally:
                 stop.set()
             assert sum(flood.result() for flood in floods) > backlog

@@ -5,7 +5,6 @@ leads and delivery goes on."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import httpx
@@ -16,6 +15,7 @@ from api.outbox import writer as outbox
 from api.webhooks import endpoints
 from api.webhooks.worker import LOCK_ID, WebhookWorker
 from tests.support.backend import Backend
+from tests.support.eventually import eventually_async
 from tests.support.receiver import Receiver
 
 SECRET = "whsec_lead"
@@ -41,10 +41,12 @@ async def _append(backend: Backend, merchant_id: str, count: int) -> None:
 
 
 async def _until(receiver: Receiver, count: int) -> None:
-    deadline = time.monotonic() + 20
-    while len(receiver.events) < count:
-        assert time.monotonic() < deadline, receiver.attempts
-        await asyncio.sleep(0.05)
+    await eventually_async(
+        lambda: (len(receiver.events), list(receiver.attempts)),
+        until=lambda seen: seen[0] >= count,
+        what=f"{count} distinct events at the receiver (events, attempts so far)",
+        timeout=20,
+    )
 
 
 async def test_one_worker_delivers_at_a_time_and_another_takes_over(

@@ -5,8 +5,6 @@ dead-lettered; a replay sends a time range again under the same event ids."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -24,6 +22,7 @@ from api.webhooks.queue import Backoff
 from api.webhooks.worker import WebhookWorker
 from idempay_tools.serve_process import free_port
 from tests.support.backend import Backend
+from tests.support.eventually import eventually_async
 from tests.support.receiver import Receiver
 
 SECRET = "whsec_test"
@@ -67,12 +66,20 @@ async def _events(engine: AsyncEngine, merchant: str, count: int) -> list[str]:
 
 
 async def _until_settled(worker: WebhookWorker, engine: AsyncEngine, *ids: str) -> None:
-    deadline = time.monotonic() + 20
     await worker.run_once()  # queues what is new
-    while any([await endpoints.pending(engine, endpoint_id) for endpoint_id in ids]):
-        assert time.monotonic() < deadline, "deliveries did not settle"
-        await worker.run_once()
-        await asyncio.sleep(0.02)
+
+    async def pending_then_a_round() -> list[int]:
+        pending = [await endpoints.pending(engine, endpoint_id) for endpoint_id in ids]
+        if any(pending):
+            await worker.run_once()
+        return pending
+
+    await eventually_async(
+        pending_then_a_round,
+        until=lambda pending: not any(pending),
+        what="the deliveries to settle (pending per endpoint)",
+        timeout=20,
+    )
 
 
 async def test_every_event_reaches_a_verifying_receiver_in_seq_order(engine: AsyncEngine) -> None:
