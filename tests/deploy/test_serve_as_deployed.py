@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from idempay_tools.serve_process import free_port
 from tests.deploy.manifests import (
     DEPLOY,
     clean_environ,
@@ -30,7 +30,7 @@ from tests.deploy.manifests import (
     render_local,
 )
 from tests.deploy.running import COMPOSE_ENV, empty_workdir, image_env, overrides
-from tests.support.services import free_port
+from tests.support.eventually import eventually
 
 ENTRYPOINT = dockerfile_stages(DEPLOY / "Dockerfile")[-1].exec_form("ENTRYPOINT")
 DEPLOYED = [
@@ -80,18 +80,24 @@ def _local(argv: list[str], port: int) -> list[str]:
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> httpx.Response:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
+    def probe() -> httpx.Response:
+        if proc.poll() is not None:  # not worth waiting for: fail at once
             raise AssertionError(f"server exited {proc.returncode}: {log.read_text()[-3000:]}")
-        try:
-            response = httpx.get(url, timeout=2.0)
-            if response.status_code == 200:
-                return response
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"not ready in 60 s: {log.read_text()[-3000:]}")
+        return httpx.get(url, timeout=2.0)
+
+    try:
+        return eventually(
+            probe,
+            until=lambda response: response.status_code == 200,
+            what=f"{url} to answer 200",
+            timeout=60,
+            interval=0.2,
+            ignoring=(httpx.HTTPError,),
+        )
+    except AssertionError as failure:
+        if proc.poll() is not None:
+            raise
+        raise AssertionError(f"{failure}\n{log.read_text()[-3000:]}") from None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

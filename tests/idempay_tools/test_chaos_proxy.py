@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from idempay_tools.chaos_proxy import ChaosProxy, build
+from tests.support.eventually import eventually_async
 
 LOCAL = "127.0.0.1"
 
@@ -213,10 +214,9 @@ async def test_hold_releases_the_original_after_the_client_gave_up(echo_server: 
             with pytest.raises(httpx.ReadTimeout):
                 await client.post("/v1/transactions", content="late original", timeout=0.2)
             assert [path for _, path, _ in echo_server.seen] == ["/v1/transactions/k"]
-            for _ in range(100):
-                if proxy.released:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually_async(
+                lambda: proxy.released, what="the proxy to release the held original"
+            )
     assert [r.request_line for r in proxy.released] == ["POST /v1/transactions HTTP/1.1"]
     assert echo_server.seen[-1] == ("POST", "/v1/transactions", b"late original")
     assert proxy.stats["hold"] == 1
