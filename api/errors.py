@@ -13,6 +13,7 @@
     ├── ValidationFailedError        422 validation_error
     ├── PanNotAllowedError           422 pan_not_allowed
     ├── ClockSkewError               422 clock_skew
+    ├── AdviceTooOldError            422 advice_too_old
     ├── NotReversibleError           422 not_reversible
     ├── RateLimitedError             429 rate_limited          (Retry-After of the window)
     ├── InternalError                500 internal_error        (Retry-After)
@@ -151,6 +152,13 @@ class ClockSkewError(_NamedError):
     title = "The request's time is too far ahead of the server's clock"
 
 
+class AdviceTooOldError(_NamedError):
+    """An offline advice captured longer ago than the retention window; nothing was stored."""
+
+    status, code = 422, "advice_too_old"
+    title = "The offline advice is older than the retention window"
+
+
 class NotReversibleError(_NamedError):
     """Only an approved transaction can be reversed."""
 
@@ -190,6 +198,7 @@ NAMED_ERRORS: tuple[type[ApiError], ...] = (
     ValidationFailedError,
     PanNotAllowedError,
     ClockSkewError,
+    AdviceTooOldError,
     NotReversibleError,
     RateLimitedError,
     InternalError,

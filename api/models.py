@@ -12,6 +12,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Float,
     ForeignKeyConstraint,
     Index,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -88,6 +90,18 @@ class Transaction(Base):
     processed_at: Mapped[datetime] = mapped_column(UTCDateTime())
     reversed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     metadata_json: Mapped[str | None] = mapped_column("metadata", Text, nullable=True)
+    # An offline advice: sold by the terminal offline, forwarded later (contract §2.2).
+    offline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+# The terminal listing (GET /v1/transactions?terminal_id=…): keyset pages by (created_at, id).
+Index(
+    "ix_transaction_merchant_id_terminal_id_created_at",
+    Transaction.merchant_id,
+    Transaction.terminal_id,
+    Transaction.created_at,
+    Transaction.id,
+)
 
 
 class LedgerEntry(Base):

@@ -70,11 +70,12 @@ class StoredTransaction:
     created_at: datetime
     processed_at: datetime
     reversed_at: datetime | None
+    offline: bool
 
 
 TRANSACTION_COLUMNS = (
     "id, status, decline_reason, authorization_code, terminal_id, type, amount, currency,"
-    " card_last4, card_brand, installments, created_at, processed_at, reversed_at"
+    " card_last4, card_brand, installments, created_at, processed_at, reversed_at, offline"
 )
 
 

@@ -96,6 +96,11 @@ def responses(endpoint: str) -> dict[int | str, dict[str, Any]]:
     return {**_COMMON, **_BY_ENDPOINT[endpoint]}
 
 
+def list_responses() -> dict[int | str, dict[str, Any]]:
+    """``GET /v1/transactions``: its 200 is the route's ``response_model``."""
+    return {code: _COMMON[code] for code in (401, 422, 429, 500, 503)}
+
+
 def add_component_schemas(openapi: dict[str, Any]) -> None:
     schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
     for model in SCHEMA_MODELS:

@@ -46,8 +46,9 @@ WITH k AS (
 ), t AS (
   INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,
     card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,
-    captured_at, created_at, processed_at, metadata)
-  SELECT $1, $2, $4, $13, $11, $12, $14, $15, $16, $17, $8, $9, $10, $18, $6, $19, $20 FROM k
+    captured_at, created_at, processed_at, metadata, offline)
+  SELECT $1, $2, $4, $13, $11, $12, $14, $15, $16, $17, $8, $9, $10, $18, $6, $19, $20, $28
+  FROM k
   RETURNING id
 ), l AS (
   INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,
@@ -106,7 +107,7 @@ class PgInline:
                 txn.card_brand, txn.card_fingerprint, txn.installments, txn.captured_at,
                 txn.processed_at, txn.metadata_json, ledger.get("entry_id"),
                 ledger.get("amount"), ledger.get("kind"), utcnow(), event["event_id"],
-                event["type"], event["payload"],
+                event["type"], event["payload"], txn.offline,
             )  # fmt: skip
         except asyncpg.UniqueViolationError:
             # Not the key (its conflict writes nothing): an issuer record left by a purged

@@ -33,6 +33,7 @@ class NewTransaction:
     created_at: datetime
     processed_at: datetime
     metadata_json: str | None
+    offline: bool = False  # an offline advice (contract §2.2)
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -61,6 +62,7 @@ def body_of(txn: NewTransaction | Any, *, status: str | None = None) -> dict[str
         "created_at": iso(txn.created_at),
         "processed_at": iso(txn.processed_at),
         "reversed_at": iso(getattr(txn, "reversed_at", None)),
+        "offline": bool(txn.offline),
     }
 
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import structlog
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response
 
 from api.context import AppContext
@@ -22,9 +22,9 @@ from api.errors import (
 from api.events.writer import Event, RequestOutcome
 from api.idempotency.keys import body_fingerprint, parse_key, parse_uuid
 from api.metrics import CONFLICTS, LATENCY, REPLAYS, REQUESTS
-from api.transactions import resolution
+from api.transactions import listing, resolution
 from api.transactions.http import attempt_header, decode, network_header, read_body
-from api.transactions.openapi import CREATE_DOC, ID_DOC, responses
+from api.transactions.openapi import CREATE_DOC, ID_DOC, list_responses, responses
 from api.transactions.outcome import IdempotencyStatus, Outcome, from_error
 
 log = structlog.get_logger("idempay.http")
@@ -116,7 +116,7 @@ class _Call:
             wanted=outcome.retry_after,
             seconds=self.ctx.settings.retry_after_seconds,
         )
-        if outcome.idempotency_status and self.endpoint != "reversal":
+        if outcome.idempotency_status and self.endpoint not in ("reversal", "list"):
             headers["Idempotency-Status"] = outcome.idempotency_status
         media = PROBLEM_JSON if outcome.problem else "application/json"
         return Response(outcome.body, outcome.status, headers=headers, media_type=media)
@@ -148,6 +148,48 @@ async def handle_create(request: Request) -> Response:
         return await ctx.service.create(call.merchant_id, call.key, body, digest)
 
     return await call.run(work, RequestOutcome.REJECTED)
+
+
+@router.get(
+    "",
+    response_model=listing.TransactionPage,
+    responses=list_responses(),
+    summary="List transactions",
+)
+async def list_transactions(
+    request: Request,
+    since: Annotated[
+        str,
+        Query(
+            description="RFC 3339: transactions created at or after this instant",
+            json_schema_extra={"format": "date-time"},
+        ),
+    ],
+    terminal_id: Annotated[
+        str | None, Query(description="only this terminal's (1-64 of [A-Za-z0-9_.-])")
+    ] = None,
+    limit: Annotated[
+        int | None,
+        Query(ge=1, le=listing.MAX_LIMIT, description="page size (default 100)"),
+    ] = None,
+    cursor: Annotated[
+        str | None, Query(description="next_cursor of the previous page (opaque)")
+    ] = None,
+) -> Response:
+    """The caller's merchant's transactions created since ``since`` — one terminal's with
+    ``terminal_id`` — oldest first (created_at, then id), in pages of ``limit``; follow
+    ``next_cursor`` until it is null. Another merchant's transactions never appear. A bad
+    parameter is 422 ``validation_error``. Parameters are read by ``listing.parse``."""
+    call = _Call(request, "list")
+
+    async def work() -> Outcome:
+        ctx = call.ctx
+        merchant_id, key_hash = await ctx.auth.authenticate(request)
+        await ctx.limiter.check(key_hash)
+        query = listing.parse(request.query_params)
+        return await listing.page(ctx.service, merchant_id, query)
+
+    return await call.run(work, RequestOutcome.NOT_RECORDED)
 
 
 def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:

@@ -12,9 +12,12 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictStr,
     WithJsonSchema,
     field_validator,
+    model_serializer,
+    model_validator,
 )
 
 METADATA_MAX_BYTES = 4096
@@ -90,6 +93,33 @@ class TransactionCreate(BaseModel):
     captured_at: Timestamp | None = None
     expires_at: Timestamp | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    entry_mode: Literal["online", "offline"] = Field(
+        default="online",
+        description="offline: an advice — a payment the terminal accepted offline, forwarded "
+        "later with its original captured_at (required); exempt from expires_at, not from "
+        "the retention window (422 advice_too_old).",
+    )
+
+    @model_validator(mode="after")
+    def _advice_has_its_capture_time(self) -> TransactionCreate:
+        if self.entry_mode == "offline" and self.captured_at is None:
+            raise ValueError("an offline advice carries its original captured_at")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The canonical body (fingerprint, stored request): ``entry_mode`` is part of it
+        when it is ``offline``; the default ``online`` is left out, so every fingerprint
+        taken before the field existed is unchanged."""
+        data: dict[str, Any] = handler(self)
+        if data.get("entry_mode") == "online":
+            del data["entry_mode"]
+        return data
+
+    @property
+    def is_advice(self) -> bool:
+        """An offline advice (contract §2.2)."""
+        return self.entry_mode == "offline"
 
     @field_validator("metadata")
     @classmethod
@@ -126,6 +156,7 @@ class TransactionOut(BaseModel):
     created_at: datetime
     processed_at: datetime
     reversed_at: datetime | None
+    offline: bool = Field(description="an offline advice: sold offline, forwarded later")
 
 
 class KeyStateOut(BaseModel):

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from api.config import Settings
 from api.db import atomic, utcnow
 from api.errors import (
+    AdviceTooOldError,
     ClockSkewError,
     IdempotencyKeyReusedError,
     RequestExpiredError,
@@ -178,6 +179,8 @@ class TransactionService:
         if (skew := self._clock_skew(body, key, now)) is not None:
             return skew
         if self._too_late(body, key, now):
+            if body.is_advice:  # the terminal already sold: nothing to fence, report it
+                return _advice_too_old(body.terminal_id)
             return await self._fence_expired(merchant_id, key, body, fingerprint, now)
         if self.issuer.answers_inline(body.card.token):
             outcome = await self._process_inline(merchant_id, key, body, fingerprint, now)
@@ -256,8 +259,11 @@ class TransactionService:
 
     def _too_late(self, body: TransactionCreate, key: str, now: datetime) -> bool:
         """Expired, or older than the tombstone window (by captured_at, or by the time a
-        UUIDv7 key was minted): such a request could outlive its tombstone (contract §3.5)."""
-        if body.expires_at is not None and body.expires_at <= now:
+        UUIDv7 key was minted): such a request could outlive its tombstone (contract §3.5).
+        An offline advice is exempt from ``expires_at`` (the terminal sold while the link
+        was down; the customer has gone with the goods), not from the window."""
+        expired = body.expires_at is not None and body.expires_at <= now
+        if expired and not body.is_advice:
             return True
         oldest = now - timedelta(seconds=self.settings.tombstone_retention)
         if body.captured_at is not None and body.captured_at < oldest:
@@ -387,6 +393,7 @@ class TransactionService:
             captured_at=body.captured_at,
             created_at=created_at,
             processed_at=utcnow(),
+            offline=body.is_advice,
             metadata_json=(
                 json.dumps(body.metadata, separators=(",", ":")) if body.metadata else None
             ),
@@ -577,6 +584,21 @@ class TransactionService:
         # Another taker won, or the key was settled past its deadline: the row as it is now.
         again = await self.must_read(record.merchant_id, record.key)
         return await self.existing(again, record.fingerprint or "")
+
+
+def _advice_too_old(terminal_id: str) -> Outcome:
+    """422 ``advice_too_old``: nothing is stored under the key — a key older than the window
+    may have outlived its tombstone, so it is never processed; the merchant reconciles."""
+    error = AdviceTooOldError(
+        "The offline advice was captured longer ago than the retention window (or its key "
+        "was minted then); it is not processed and nothing was stored. Reconcile it."
+    )
+    return from_error(
+        error,
+        event=RequestOutcome.REJECTED,
+        idempotency_status=IdempotencyStatus.NOT_FOUND,
+        terminal_id=terminal_id,
+    )
 
 
 def _created(body: bytes, event: RequestOutcome, terminal_id: str | None) -> Outcome:

@@ -47,8 +47,8 @@ _ISSUER = (
 _TXN = (
     'INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,'
     " card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,"
-    " captured_at, created_at, processed_at, metadata)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " captured_at, created_at, processed_at, metadata, offline)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _LEDGER = (
     "INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,"
@@ -97,7 +97,8 @@ def statements(rows: InlineCreate) -> Statements:
         (_TXN, (txn.merchant_id, txn.id, txn.terminal_id, txn.type, txn.amount, txn.currency,
                 txn.card_last4, txn.card_brand, txn.card_fingerprint, txn.installments,
                 txn.status, txn.decline_reason, txn.authorization_code,
-                stored(txn.captured_at), created, processed, txn.metadata_json)),
+                stored(txn.captured_at), created, processed, txn.metadata_json,
+                txn.offline)),
     ]  # fmt: skip
     if rows.ledger is not None:
         ledger = rows.ledger
@@ -256,10 +257,11 @@ class SqliteInline:
         if row is None:
             return None
         (id_, status, reason, code, terminal, type_, amount, currency, last4, brand,
-         installments, created_at, processed_at, reversed_at) = row  # fmt: skip
+         installments, created_at, processed_at, reversed_at, offline) = row  # fmt: skip
         return StoredTransaction(
             id_, status, reason, code, terminal, type_, amount, currency, last4, brand,
             installments, _loaded(created_at), _loaded(processed_at), _maybe(reversed_at),
+            bool(offline),
         )  # fmt: skip
 
     async def close(self) -> None:

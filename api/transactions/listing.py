@@ -1,0 +1,134 @@
+"""``GET /v1/transactions``: a merchant's transactions, for one terminal or all, in pages.
+
+A terminal that lost its journal (device swap, factory reset) reconciles from here
+(``client.reconcile(since=…)``). Keyset pagination in a stable order — ``created_at``, then
+``id`` — so a page never skips or repeats a row however many transactions arrive meanwhile
+(new ones sort after the cursor or before ``since``). The cursor is opaque to clients: the
+last row's (created_at, id), base64url-encoded. Only the caller's merchant is ever read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+from sqlalchemy import and_, or_, select
+from starlette.datastructures import QueryParams
+
+from api.errors import ValidationFailedError
+from api.events.writer import RequestOutcome
+from api.models import Transaction
+from api.transactions import repository
+from api.transactions.outcome import Outcome
+from api.transactions.schemas import TransactionOut
+from api.transactions.service import TransactionService
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 500
+_TERMINAL = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_PARAMS = frozenset({"terminal_id", "since", "limit", "cursor"})
+
+
+class TransactionPage(BaseModel):
+    """One page of the listing; ``next_cursor`` is null on the last page."""
+
+    data: list[TransactionOut]
+    next_cursor: str | None = Field(
+        description="pass as ?cursor= (with the same terminal_id and since) for the next page"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    terminal_id: str | None
+    since: datetime
+    limit: int
+    after: tuple[datetime, str] | None  # the last row of the previous page
+
+
+def _error(name: str, message: str) -> ValidationFailedError:
+    error = {"loc": ["query", name], "msg": message, "type": "value_error"}
+    return ValidationFailedError(
+        f"Bad query parameter {name!r}: {message}.", extra={"errors": [error]}
+    )
+
+
+def _aware(name: str, text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise _error(name, "must be an RFC 3339 date-time") from None
+    if moment.tzinfo is None:
+        raise _error(name, "must carry a time zone (e.g. Z)")
+    return moment
+
+
+def encode_cursor(created_at: datetime, txn_id: str) -> str:
+    raw = json.dumps([created_at.isoformat(), txn_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(text: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        created, txn_id = json.loads(raw)
+        if not isinstance(created, str) or not isinstance(txn_id, str):
+            raise ValueError
+        return _aware("cursor", created), txn_id
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise _error("cursor", "not a cursor this endpoint returned") from None
+
+
+def parse(params: QueryParams) -> Query:
+    """The query, validated: unknown or repeated parameters, a missing ``since`` and a bad
+    value are 422 ``validation_error`` (problem+json, ``errors`` naming the parameter)."""
+    for name in params:
+        if name not in _PARAMS:
+            raise _error(name, "unknown parameter")
+        if len(params.getlist(name)) > 1:
+            raise _error(name, "given more than once")
+    terminal = params.get("terminal_id")
+    if terminal is not None and not _TERMINAL.fullmatch(terminal):
+        raise _error("terminal_id", "1-64 characters of [A-Za-z0-9_.-]")
+    since_text = params.get("since")
+    if since_text is None:
+        raise _error("since", "required (RFC 3339, e.g. 2026-11-20T00:00:00Z)")
+    limit_text = params.get("limit", str(DEFAULT_LIMIT))
+    if not (limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= MAX_LIMIT):
+        raise _error("limit", f"an integer from 1 to {MAX_LIMIT}")
+    cursor = params.get("cursor")
+    return Query(
+        terminal_id=terminal,
+        since=_aware("since", since_text),
+        limit=int(limit_text),
+        after=_decode_cursor(cursor) if cursor else None,
+    )
+
+
+async def page(service: TransactionService, merchant_id: str, query: Query) -> Outcome:
+    """One page of ``merchant_id``'s transactions, oldest first."""
+    table = Transaction.__table__
+    created, txn_id = table.c.created_at, table.c.id
+    conditions: list[Any] = [table.c.merchant_id == merchant_id, created >= query.since]
+    if query.terminal_id is not None:
+        conditions.append(table.c.terminal_id == query.terminal_id)
+    if query.after is not None:
+        last_created, last_id = query.after
+        conditions.append(
+            or_(created > last_created, and_(created == last_created, txn_id > last_id))
+        )
+    statement = select(table).where(*conditions).order_by(created, txn_id).limit(query.limit + 1)
+    async with service.reader.connect() as conn:
+        rows = list((await conn.execute(statement)).all())
+    more = len(rows) > query.limit
+    rows = rows[: query.limit]
+    next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
+    body = {"data": [repository.body_of(row) for row in rows], "next_cursor": next_cursor}
+    text = json.dumps(body, separators=(",", ":")).encode()
+    return Outcome(200, text, RequestOutcome.FOUND)

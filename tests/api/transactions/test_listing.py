@@ -1,0 +1,134 @@
+"""``GET /v1/transactions`` (issue 16): a merchant's transactions for a terminal, in cursor
+pages, on Postgres and on SQLite — another merchant's never appear."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.conftest import Deployment
+from tests.support.client import Api, assert_problem, body, card, new_key
+
+
+def _list(api: Api, api_key: str | None = None, **params: Any) -> httpx.Response:
+    with api.client() as client:
+        return client.get("/v1/transactions", params=params, headers=api.headers(None, api_key))
+
+
+def _every_page(api: Api, **params: Any) -> tuple[list[dict[str, Any]], int]:
+    rows: list[dict[str, Any]] = []
+    pages, cursor = 0, None
+    while True:
+        response = _list(api, **params, **({"cursor": cursor} if cursor else {}))
+        assert response.status_code == 200, response.text
+        assert "idempotency-status" not in response.headers
+        page = response.json()
+        rows += page["data"]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return rows, pages
+
+
+def _since() -> str:
+    return (datetime.now(UTC) - timedelta(seconds=5)).isoformat()
+
+
+def test_pages_through_a_terminals_transactions_in_order(deployment: Deployment) -> None:
+    terminal, since = f"T-L{uuid.uuid4().hex[:8]}", _since()
+    keys = []
+    for token in ["tok_visa_4242", "tok_decline_do_not_honor", "tok_visa_4242"] * 2:
+        key = new_key()
+        response = deployment.a.create(key, body(terminal_id=terminal, card=card(token)))
+        assert response.status_code == 201
+        keys.append(key)
+    offline = new_key()
+    captured = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
+    advice = body(terminal_id=terminal, entry_mode="offline", captured_at=captured)
+    assert deployment.a.create(offline, advice).status_code == 201
+    keys.append(offline)
+    deployment.a.create(new_key(), body(terminal_id=terminal + "x"))  # another terminal
+    deployment.b.create(new_key(), body(terminal_id=terminal))  # another merchant
+
+    rows, pages = _every_page(deployment.a, terminal_id=terminal, since=since, limit=2)
+    assert pages == 4
+    assert sorted(row["id"] for row in rows) == sorted(keys)  # each once, nothing else
+    order = [(row["created_at"], row["id"]) for row in rows]
+    assert order == sorted(order)
+    assert {row["terminal_id"] for row in rows} == {terminal}
+    by_id = {row["id"]: row for row in rows}
+    assert by_id[offline]["offline"] is True
+    assert sum(row["status"] == "declined" for row in rows) == 2
+    assert deployment.a.lookup(keys[0]).json() == by_id[keys[0]]  # the same body as a lookup
+
+
+def test_another_merchants_transactions_never_appear(deployment: Deployment) -> None:
+    terminal, since = f"T-S{uuid.uuid4().hex[:8]}", _since()
+    shared = new_key()  # two merchants may use the same UUID
+    assert deployment.b.create(shared, body(terminal_id=terminal)).status_code == 201
+    assert deployment.b.create(new_key(), body(terminal_id=terminal)).status_code == 201
+    rows, _ = _every_page(deployment.a, terminal_id=terminal, since=since)
+    assert rows == []
+    assert deployment.a.create(shared, body(terminal_id=terminal, amount=99)).status_code == 201
+    mine, _ = _every_page(deployment.a, terminal_id=terminal, since=since)
+    assert [(row["id"], row["amount"]) for row in mine] == [(shared, 99)]
+    merchant_wide, _ = _every_page(deployment.a, since=since, limit=500)
+    assert [row["amount"] for row in merchant_wide if row["id"] == shared] == [99]
+    theirs, _ = _every_page(deployment.b, terminal_id=terminal, since=since)
+    assert len(theirs) == 2
+
+
+def test_since_bounds_the_listing(deployment: Deployment) -> None:
+    terminal = f"T-B{uuid.uuid4().hex[:8]}"
+    assert deployment.a.create(new_key(), body(terminal_id=terminal)).status_code == 201
+    later = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    page = _list(deployment.a, terminal_id=terminal, since=later).json()
+    assert page == {"data": [], "next_cursor": None}
+
+
+@pytest.mark.parametrize(
+    ("params", "name"),
+    [
+        ({}, "since"),
+        ({"since": "yesterday"}, "since"),
+        ({"since": "2026-11-20T00:00:00"}, "since"),  # no time zone
+        ({"since": "2026-11-20T00:00:00Z", "limit": "0"}, "limit"),
+        ({"since": "2026-11-20T00:00:00Z", "limit": "501"}, "limit"),
+        ({"since": "2026-11-20T00:00:00Z", "limit": "ten"}, "limit"),
+        ({"since": "2026-11-20T00:00:00Z", "cursor": "not-a-cursor"}, "cursor"),
+        ({"since": "2026-11-20T00:00:00Z", "terminal_id": "bad id!"}, "terminal_id"),
+        ({"since": "2026-11-20T00:00:00Z", "merchant_id": "m"}, "merchant_id"),
+    ],
+)
+def test_bad_parameters_are_problem_422(
+    deployment: Deployment, params: dict[str, str], name: str
+) -> None:
+    problem = assert_problem(_list(deployment.a, **params), 422, "validation_error")
+    assert name in str(problem["errors"])
+
+
+def test_listing_needs_an_api_key(deployment: Deployment) -> None:
+    response = _list(deployment.a, api_key="nope", since="2026-11-20T00:00:00Z")
+    assert_problem(response, 401, "unauthorized")
+
+
+def test_the_listing_is_in_the_openapi_document(deployment: Deployment) -> None:
+    with deployment.a.client() as client:
+        document = client.get("/openapi.json").json()
+    operation = document["paths"]["/v1/transactions"]["get"]
+    assert {p["name"] for p in operation["parameters"]} == {
+        "terminal_id",
+        "since",
+        "limit",
+        "cursor",
+    }
+    assert "422" in operation["responses"]
+    page = document["components"]["schemas"]["TransactionPage"]
+    assert set(page["properties"]) == {"data", "next_cursor"}
+    assert "offline" in document["components"]["schemas"]["TransactionOut"]["required"]
+    create = document["components"]["schemas"]["TransactionCreate"]["properties"]
+    assert create["entry_mode"]["enum"] == ["online", "offline"]
