@@ -8,9 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from api.migrate import MIGRATION_LOCK
 from tests.support.eventually import eventually
 from tests.support.services import ROOT, create_database, drop_database, pg_url
+
+# `idempay migrate` processes (eight at once) on throw-away databases: a kind the fast lane
+# leaves out, marked here as tests/conftest.py finds none of its fixtures in this module.
+pytestmark = pytest.mark.server
 
 # Each process imports everything first, then waits for the go file, so that the
 # migrations really start together (imports alone would stagger them by seconds).

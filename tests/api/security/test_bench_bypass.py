@@ -45,6 +45,7 @@ def bench_database() -> Iterator[str]:
         _bench_env.drop_database(name)
 
 
+@pytest.mark.server  # a private Postgres database and the bench's server process
 def test_the_bench_app_serves_the_bypass_beside_the_real_create(
     bench_database: str, tmp_path: Path
 ) -> None:
