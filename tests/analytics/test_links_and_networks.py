@@ -35,7 +35,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from analytics import duckdb_reference, money, outputs, transforms
-from analytics.jobs.daily_audit import collect
+from analytics.jobs.daily_audit import collect, run_audit
 from analytics.metrics import LINK_LOSS_COLUMNS, NETWORK_COLUMNS, RANKING_COLUMNS
 from tests.analytics.lakes import D1, D2, as_dicts, assert_rows_equal, ev, frame, write_lake
 
@@ -197,3 +197,44 @@ def test_duckdb_reference_ranking_networks_and_link_loss_by_hand(tmp_path: Path)
     assert_rows_equal(
         _summary_links(tables["daily_summary"]), as_dicts(SUMMARY_LINKS, SUMMARY_LINK_COLUMNS)
     )
+
+
+# The same tables as the job writes them (the CSV is the contract): typed out by hand from
+# RANKING and NETWORKS above — a null terminal is an empty cell, floats in shortest form.
+RANKING_CSV = """\
+event_date,merchant_id,terminal_id,transactions,retried_transactions,retry_rate,rank
+2026-11-20,mer_a,T-3,2,2,1.0,1
+2026-11-20,mer_a,T-5,1,1,1.0,2
+2026-11-20,mer_a,T-1,4,3,0.75,3
+2026-11-20,mer_a,T-2,3,2,0.6666666666666666,4
+2026-11-20,mer_a,T-6,2,0,0.0,5
+2026-11-20,mer_a,T-7,2,0,0.0,6
+2026-11-20,mer_a,T-0,1,0,0.0,7
+2026-11-20,mer_a,,1,0,0.0,8
+2026-11-20,mer_b,T-4,1,1,1.0,1
+2026-11-21,mer_a,T-1,1,0,0.0,1
+"""
+NETWORKS_CSV = """\
+event_date,network,transactions,create_requests,retried_transactions,retry_rate,\
+duplicate_requests,duplicate_rate,in_doubt_transactions,in_doubt_rate,lookup_found_rate,\
+unseen_attempts,link_loss_rate
+2026-11-20,gprs,8,11,5,0.625,0,0.0,2,0.25,1.0,8,0.4444444444444444
+2026-11-20,unknown,1,2,1,1.0,0,0.0,0,0.0,0.0,1,0.5
+2026-11-20,wifi,8,10,3,0.375,3,0.3,0,0.0,0.0,1,0.09090909090909091
+2026-11-21,gprs,1,1,0,0.0,0,0.0,0,0.0,0.0,0,0.0
+2026-11-21,wifi,0,1,0,0.0,1,1.0,0,0.0,0.0,0,0.0
+"""
+
+
+def test_the_job_writes_ranking_and_network_csvs_as_computed_by_hand(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The whole job on the lake on disk (read, dedup, every output): the two CSV files,
+    character for character."""
+    lake, out = tmp_path / "lake", tmp_path / "out"
+    write_lake(lake, "request_events", _events())
+    write_lake(lake, "transactions", [])
+    write_lake(lake, "ledger_entries", [])
+    run_audit(spark, lake=str(lake), out=out, start=D1, end=D2)
+    assert (out / "terminal_ranking.csv").read_text() == RANKING_CSV
+    assert (out / "network_rates.csv").read_text() == NETWORKS_CSV
