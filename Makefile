@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-fast lint bench loadtest chaos failover verify services tools clean
+.PHONY: demo test test-fast lint bench loadtest chaos failover verify services tools clean \
+	images deploy-check deploy-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +31,7 @@ test: $(STAMP) services tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -p no:cacheprovider
+	./deploy/local/deploy_test.sh --if-possible
 
 # The edit loop's lane: no servers, Spark, browser, model or chaos (markers set in tests/conftest.py).
 FAST := not (server or redis or spark or browser or model or chaos or slow)
@@ -65,14 +67,20 @@ verify:
 	./scripts/verify.sh
 
 # Every image of deploy/compose.yaml without a registry (deploy/README.md, "Without a
-# registry"): needs root, debootstrap and a running dockerd. Not part of `make test`.
+# registry"): needs root, debootstrap and a running dockerd (DOCKER_HOST).
 images: $(STAMP)
 	./deploy/local/build_images.sh
 
 # The compose stack for real: fleet through the chaos proxy with an API replica killed,
-# contract §8 invariants, the audit in the Spark image, then down -v. Not part of `make test`.
+# contract §8 invariants, the audit in the Spark image, then down -v. Needs a running dockerd.
 deploy-check: images
 	./deploy/local/deploy_check.sh
+
+# Both from nothing on a private dockerd (scripts/dockerd.sh), installing docker.io,
+# debootstrap and docker-compose if missing; everything removed and dockerd stopped at the
+# end, also on failure. The last step of `make test`, which says so when it cannot run here.
+deploy-test: $(STAMP)
+	./deploy/local/deploy_test.sh
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

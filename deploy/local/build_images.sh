@@ -7,6 +7,8 @@
 #   4. Postgres, Redis and nginx from Debian's packages (deploy/local/services/).
 # The build context is streamed as a tar of an allow-list (the classic builder of Debian's
 # docker.io reads no <Dockerfile>.dockerignore), so .venv, var/ and secrets never enter it.
+# Builds run on the host's network (`--network host`): the service images apt-get from the
+# Debian mirror, and the private dockerd of `make deploy-test` has no default bridge or NAT.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 here="$root/deploy/local"
@@ -15,6 +17,8 @@ export DOCKER_BUILDKIT=0
 tag="${IDEMPAY_TAG:-local}"
 wheelhouse="$root/var/wheelhouse"
 wh=var/wheelhouse
+logs="$root/var/images"  # each build's output (the docker client's warnings, a failure's log)
+mkdir -p "$logs"
 
 "$here/build_base.sh" idempay/base:bookworm python3,python3-venv
 "$here/build_base.sh" idempay/base-jre:bookworm python3,python3-venv,openjdk-17-jre-headless,tini,procps
@@ -27,7 +31,9 @@ build() {  # build TAG DOCKERFILE PATH... : the context is exactly the paths giv
   tar -c --exclude='__pycache__' --exclude='*.pyc' \
       --transform "s|^$wh|wheelhouse|" \
       "$dockerfile" "$@" \
-    | nice -n 10 docker build -q -t "$image" -f "$dockerfile" - >/dev/null
+    | nice -n 10 docker build -q --network host -t "$image" -f "$dockerfile" - \
+      >/dev/null 2>"$logs/${image//[\/:]/_}.log" \
+    || { tail -n 30 "$logs/${image//[\/:]/_}.log" >&2; return 1; }
   echo "$image: built in $((SECONDS - start)) s, $(docker image inspect -f '{{.Size}}' "$image" | numfmt --to=si)B"
 }
 
