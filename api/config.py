@@ -88,6 +88,18 @@ class Settings(BaseSettings):
         " failures answer 429; a valid key always authenticates (docs/security.md).",
     )
     retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After for 409/202/503.")
+    prefer_wait_max: float = Field(
+        default=20.0,
+        ge=0,
+        description="Cap on `Prefer: wait=N` (s): how long a create, lookup or abort that finds"
+        " its key in flight may be held until it settles (0 turns waiting off).",
+    )
+    waiters_max: int = Field(
+        default=1000,
+        ge=0,
+        description="Requests one worker holds under `Prefer: wait` at once; beyond it they are"
+        " answered at once, as without the preference.",
+    )
     event_batch_size: int = Field(default=500, ge=1, description="Request events per flush.")
     event_flush_interval: float = Field(default=0.2, gt=0, description="Event flush period (s).")
     event_queue_max: int = Field(default=100_000, ge=1, description="Bound of the event queue.")

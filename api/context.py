@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from api.auth import Authenticator
 from api.config import Settings
 from api.events.writer import EventWriter
+from api.idempotency.waiters import Waiters
 from api.ratelimit import RateLimiter
 from api.transactions.service import TransactionService
 
@@ -22,4 +23,5 @@ class AppContext:
     auth: Authenticator
     limiter: RateLimiter
     events: EventWriter
+    waiters: Waiters
     redis: Any | None = None

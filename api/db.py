@@ -24,6 +24,7 @@ from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
 from api.config import Settings
+from api.idempotency.waiters import SETTLED_KEYS, settled_here
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -104,9 +105,16 @@ def _sqlite_engine(url: str) -> AsyncEngine:
 
 @asynccontextmanager
 async def atomic(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """One database transaction: commit on success, roll back on any exception."""
+    """One database transaction: commit on success, roll back on any exception. Keys it
+    settled (``store.complete`` / ``fence_owned``) wake this process's waiters after the
+    commit, never before it and never after a rollback."""
     async with engine.begin() as conn:
-        yield conn
+        try:
+            yield conn
+        finally:
+            settled = conn.info.pop(SETTLED_KEYS, ())
+    for merchant_id, key in settled:
+        settled_here(merchant_id, key)
 
 
 _INSERT_IGNORE: dict[tuple[str, str], Any] = {}

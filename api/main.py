@@ -26,6 +26,7 @@ from api.events.writer import EventWriter
 from api.http_limits import BodyDeadlineMiddleware
 from api.idempotency.cache import ResponseCache
 from api.idempotency.completer import Completer
+from api.idempotency.waiters import Waiters, listen_args
 from api.logs import configure_logging
 from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
@@ -137,6 +138,9 @@ def build_context(settings: Settings) -> AppContext:
             interval=settings.event_flush_interval,
             max_queue=settings.event_queue_max,
         ),
+        waiters=Waiters(
+            limit=settings.waiters_max, listen_dsn=listen_args(settings.resolved_database_url)
+        ),
         redis=redis,
     )
 
@@ -177,6 +181,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.completer = completer
             tasks.append(asyncio.create_task(completer.run_forever(), name="completer"))
         tasks.append(asyncio.create_task(_purge_forever(ctx), name="retention"))
+        tasks.append(asyncio.create_task(ctx.waiters.run_forever(), name="waiters"))
         try:
             yield
         finally:

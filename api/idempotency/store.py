@@ -17,6 +17,7 @@ from sqlalchemy import ColumnElement, Row, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api.db import insert_if_absent
+from api.idempotency.waiters import SETTLED_KEYS
 from api.models import IdempotencyKey
 
 
@@ -200,6 +201,14 @@ async def take_over(
     return record.lease_token + 1 if result.rowcount else None
 
 
+def _settled(conn: AsyncConnection, merchant_id: str, key: str, won: bool) -> bool:
+    """A key left ``processing``: this process's ``Prefer: wait`` waiters are woken once the
+    transaction commits (``api.db.atomic``; Postgres also NOTIFYs every worker)."""
+    if won:
+        conn.info.setdefault(SETTLED_KEYS, []).append((merchant_id, key))
+    return won
+
+
 async def complete(
     conn: AsyncConnection,
     *,
@@ -227,7 +236,7 @@ async def complete(
             updated_at=now,
         )
     )
-    return bool(result.rowcount)
+    return _settled(conn, merchant_id, key, bool(result.rowcount))
 
 
 async def fence_owned(
@@ -243,7 +252,7 @@ async def fence_owned(
         )
         .values(state=ABORTED, request=None, lease_until=None, updated_at=now)
     )
-    return bool(result.rowcount)
+    return _settled(conn, merchant_id, key, bool(result.rowcount))
 
 
 async def release(

@@ -21,8 +21,9 @@ from api.errors import (
 )
 from api.events.writer import Event, RequestOutcome
 from api.idempotency.keys import body_fingerprint, parse_key, parse_uuid
+from api.idempotency.waiters import preferred_wait
 from api.metrics import CONFLICTS, LATENCY, REPLAYS, REQUESTS
-from api.transactions import listing, resolution
+from api.transactions import listing, resolution, waiting
 from api.transactions.http import attempt_header, decode, network_header, read_body
 from api.transactions.openapi import CREATE_DOC, ID_DOC, list_responses, responses
 from api.transactions.outcome import IdempotencyStatus, Outcome, from_error
@@ -46,6 +47,19 @@ class _Call:
         self.key: str | None = None
         self.attempt = attempt_header(request) if endpoint == "create" else None
         self.network = network_header(request)
+        self.wait_s = preferred_wait(
+            request.headers.get("prefer"), self.ctx.settings.prefer_wait_max
+        )
+        self.waited = False
+
+    async def settled(self, first: Outcome, again: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        """``Prefer: wait=N``: an in-flight answer held until the key settles (waiting.py)."""
+        if self.wait_s <= 0 or self.merchant_id is None or self.key is None:
+            return first
+        outcome, self.waited = await waiting.until_settled(
+            self.ctx.waiters, self.merchant_id, self.key, self.wait_s, first, again
+        )
+        return outcome
 
     async def run(
         self, work: Callable[[], Awaitable[Outcome]], reject_event: RequestOutcome
@@ -118,6 +132,8 @@ class _Call:
         )
         if outcome.idempotency_status and self.endpoint not in ("reversal", "list"):
             headers["Idempotency-Status"] = outcome.idempotency_status
+        if self.waited:
+            headers["Preference-Applied"] = f"wait={self.wait_s}"
         media = PROBLEM_JSON if outcome.problem else "application/json"
         return Response(outcome.body, outcome.status, headers=headers, media_type=media)
 
@@ -145,7 +161,12 @@ async def handle_create(request: Request) -> Response:
         body = decode(await read_body(request))
         await ctx.limiter.check(key_hash, body.terminal_id)
         digest = body_fingerprint(body)
-        return await ctx.service.create(call.merchant_id, call.key, body, digest)
+        merchant_id, key = call.merchant_id, call.key
+
+        async def again() -> Outcome:
+            return await ctx.service.create(merchant_id, key, body, digest)
+
+        return await call.settled(await again(), again)
 
     return await call.run(work, RequestOutcome.REJECTED)
 
@@ -202,7 +223,11 @@ def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:
             await ctx.limiter.check(key_hash)
             key = parse_uuid(transaction_id)
             call.merchant_id, call.key = merchant_id, key
-            return await action(ctx.service, merchant_id, key)
+
+            async def again() -> Outcome:
+                return await action(ctx.service, merchant_id, key)
+
+            return await call.settled(await again(), again)
 
         refused = RequestOutcome.REJECTED if endpoint == "reversal" else RequestOutcome.NOT_RECORDED
         return await call.run(work, refused)

@@ -1,0 +1,157 @@
+"""``Prefer: wait=N`` (RFC 7240; contract §2, issue 17): a create, lookup or abort that
+finds its key in flight may hold the request until the key settles instead of answering
+409/202 at once and making the terminal poll.
+
+One ``Waiters`` per worker process: a table of (merchant, key) → the events of the requests
+waiting on it, bounded by ``limit`` (a request that finds the table full is answered at
+once, as without the preference — never a 503). Nothing polls per waiter:
+
+- Postgres: a trigger (migration 0007) runs ``pg_notify('idempay_key_settled',
+  '<merchant>:<key>')`` when a key leaves ``processing``; NOTIFY is delivered only when
+  that transaction commits, so a woken waiter always reads the settled row. Each worker
+  keeps one LISTEN connection (``run_forever``); when it drops, every waiter is woken to
+  look again (a notification may have been missed) and the connection is re-made.
+- SQLite (the embedded default, one process): the code that settles a key calls
+  ``notify`` after its commit (``api.db.after_commit``).
+
+A woken waiter looks the key up again; if it is still in flight it waits for the rest of
+its time. Whatever happens, the request is answered as it would have been, at the latest
+when its ``N`` seconds are over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("idempay.waiters")
+CHANNEL = "idempay_key_settled"
+PING_EVERY_S = 15.0  # the LISTEN connection is checked this often
+PING_TIMEOUT_S = 5.0
+_PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?(\d{1,6})\"?(?=$|[,;\s])", re.IGNORECASE)
+
+
+def preferred_wait(prefer: str | None, cap: float) -> int:
+    """Seconds asked for by ``Prefer: wait=N`` (RFC 7240 §4.3), capped at ``cap``; 0 when
+    absent or malformed (a preference the server does not understand is ignored)."""
+    if not prefer:
+        return 0
+    found = _PREFER_WAIT.search(prefer)
+    if found is None:
+        return 0
+    return int(min(int(found.group(1)), cap))
+
+
+SETTLED_KEYS = "idempay_settled_keys"  # Connection.info: keys settled in its transaction
+_HERE: weakref.WeakSet[Waiters] = weakref.WeakSet()  # this process's tables
+
+
+def settled_here(merchant_id: str, key: str) -> None:
+    """A key settled by a transaction of this process has committed: wake its waiters."""
+    for waiters in list(_HERE):
+        waiters.notify(merchant_id, key)
+
+
+class WaitersFull(Exception):
+    """Every waiting slot of this worker is taken: answer at once, as without ``Prefer``."""
+
+
+class Waiters:
+    def __init__(self, *, limit: int, listen_dsn: dict[str, Any] | None = None) -> None:
+        self._waiting: dict[tuple[str, str], set[asyncio.Event]] = {}
+        self._count = 0
+        self.limit = limit
+        self._connect_args = listen_dsn
+        self.listening = asyncio.Event()  # the LISTEN connection is up (Postgres)
+        _HERE.add(self)
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @contextlib.contextmanager
+    def watch(self, merchant_id: str, key: str) -> Iterator[asyncio.Event]:
+        """An event set when (merchant, key) may have settled. Register *before* looking the
+        key up again, so that a settlement between the look and the wait is not missed."""
+        if self._count >= self.limit:
+            raise WaitersFull
+        event = asyncio.Event()
+        slot = (merchant_id, key)
+        self._waiting.setdefault(slot, set()).add(event)
+        self._count += 1
+        try:
+            yield event
+        finally:
+            self._count -= 1
+            events = self._waiting.get(slot)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiting[slot]
+
+    def notify(self, merchant_id: str, key: str) -> None:
+        for event in self._waiting.get((merchant_id, key), ()):
+            event.set()
+
+    def notify_all(self) -> None:
+        for events in self._waiting.values():
+            for event in events:
+                event.set()
+
+    def _on_notification(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        merchant_id, _, key = payload.partition(":")
+        self.notify(merchant_id, key)
+
+    async def run_forever(self, *, retry_s: float = 1.0) -> None:
+        """Postgres: hold one LISTEN connection, re-made when it drops. No-op otherwise."""
+        if self._connect_args is None:
+            return
+        import asyncpg
+
+        while True:
+            lost = asyncio.Event()
+            conn = None
+            try:
+                conn = await asyncpg.connect(**self._connect_args)
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                await conn.add_listener(CHANNEL, self._on_notification)
+                self.listening.set()
+                self.notify_all()  # anything settled while we were not listening
+                while not lost.is_set():  # a silent network cut closes nothing: ping
+                    try:
+                        await asyncio.wait_for(lost.wait(), PING_EVERY_S)
+                    except TimeoutError:
+                        await asyncio.wait_for(conn.fetchval("SELECT 1"), PING_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # storage down: waiters time out and answer as usual
+                log.warning("waiters_listen_failed", error=type(exc).__name__)
+            finally:
+                self.listening.clear()
+                self.notify_all()
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.close(), 2)
+            await asyncio.sleep(retry_s)
+
+
+def listen_args(database_url: str) -> dict[str, Any] | None:
+    """asyncpg connect arguments for the LISTEN connection; None for SQLite."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if not url.drivername.startswith("postgresql"):
+        return None
+    from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+
+    _args, connect_args = PGDialect_asyncpg().create_connect_args(url)  # type: ignore[no-untyped-call]
+    for name in ("async_creator_fn", "prepared_statement_name_func"):
+        connect_args.pop(name, None)
+    connect_args.pop("prepared_statement_cache_size", None)
+    return dict(connect_args)

@@ -1,0 +1,168 @@
+"""``Prefer: wait`` plumbing (issue 17): the Postgres trigger notifies a key's settlement on
+commit only, the worker's LISTEN connection wakes exactly the waiters of that key, survives
+its connection being killed, and the waiting table is bounded. Real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from api.idempotency.waiters import Waiters, WaitersFull, listen_args, preferred_wait
+from tests.support.backend import Backend
+from tests.support.eventually import eventually_async
+
+INSERT_PROCESSING = (
+    "INSERT INTO idempotency_key (merchant_id, key, state, lease_token, created_at, updated_at)"
+    " VALUES (:m, :k, 'processing', 1, now(), now())"
+)
+LISTENERS = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'"
+)
+
+
+async def _merchant(backend: Backend) -> str:
+    name = f"waiters-{uuid.uuid4().hex[:8]}"
+    await asyncio.to_thread(backend.api_key, name)
+    rows = await asyncio.to_thread(backend.sql, "SELECT id FROM merchant WHERE name = :n", n=name)
+    return str(rows[0][0])
+
+
+async def _listening(backend: Backend) -> Waiters:
+    args = listen_args(backend.url)
+    assert args is not None
+    return Waiters(limit=4, listen_dsn=args)
+
+
+def test_prefer_wait_is_parsed_capped_and_ignored_when_malformed() -> None:
+    assert preferred_wait(None, 30) == 0
+    assert preferred_wait("wait=5", 30) == 5
+    assert preferred_wait("respond-async, wait=100", 30) == 30
+    assert preferred_wait('return=minimal; wait="7"', 30) == 7
+    assert preferred_wait("wait=abc", 30) == 0
+    assert preferred_wait("handling=lenient", 30) == 0
+    assert preferred_wait("nowait=5", 30) == 0
+
+
+def test_sqlite_has_no_listen_connection() -> None:
+    assert listen_args("sqlite+aiosqlite:///var/idempay.db") is None
+
+
+def _rolled_back_settle(key: str) -> str:
+    return (
+        "DO $$ BEGIN UPDATE idempotency_key SET state = 'completed' "
+        f"WHERE key = '{key}'; RAISE EXCEPTION 'rolled back'; END $$"
+    )
+
+
+SETTLE = "UPDATE idempotency_key SET state = :s WHERE merchant_id = :m AND key = :k"
+
+
+async def test_a_settled_key_wakes_its_waiters_on_commit_only(private_pg_backend: Backend) -> None:
+    """A settlement that rolls back sends nothing; the committed one wakes that key's
+    waiters and no other key's. NOTIFYs arrive in commit order, so the first notification
+    the listener gets is the committed one."""
+    backend = private_pg_backend
+    merchant = await _merchant(backend)
+    key, other = str(uuid.uuid4()), str(uuid.uuid4())
+    for k in (key, other):
+        await asyncio.to_thread(backend.sql, INSERT_PROCESSING, m=merchant, k=k)
+    waiters = await _listening(backend)
+    seen: list[str] = []
+    notify = waiters.notify
+
+    def recording(merchant_id: str, k: str) -> None:
+        seen.append(k)
+        notify(merchant_id, k)
+
+    waiters.notify = recording  # type: ignore[method-assign]
+    runner = asyncio.create_task(waiters.run_forever())
+    try:
+        await asyncio.wait_for(waiters.listening.wait(), 30)
+        with waiters.watch(merchant, key) as settled, waiters.watch(merchant, other) as untouched:
+            with pytest.raises(Exception, match="rolled back"):
+                await asyncio.to_thread(backend.sql, _rolled_back_settle(key))
+            await asyncio.to_thread(backend.sql, SETTLE, s="aborted", m=merchant, k=key)
+            await asyncio.wait_for(settled.wait(), 30)
+            assert not untouched.is_set()
+        assert seen == [key]
+        assert waiters.count == 0
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_only_leaving_processing_notifies(private_pg_backend: Backend) -> None:
+    """A lease moved (state unchanged) is not a settlement; processing → completed is."""
+    backend = private_pg_backend
+    merchant = await _merchant(backend)
+    key = str(uuid.uuid4())
+    await asyncio.to_thread(backend.sql, INSERT_PROCESSING, m=merchant, k=key)
+    waiters = await _listening(backend)
+    seen: list[str] = []
+    notify = waiters.notify
+    waiters.notify = lambda m, k: (seen.append(k), notify(m, k))[-1]  # type: ignore[method-assign,func-returns-value]
+    runner = asyncio.create_task(waiters.run_forever())
+    try:
+        await asyncio.wait_for(waiters.listening.wait(), 30)
+        with waiters.watch(merchant, key) as settled:
+            await asyncio.to_thread(
+                backend.sql,
+                "UPDATE idempotency_key SET lease_token = 2 WHERE merchant_id = :m AND key = :k",
+                m=merchant,
+                k=key,
+            )
+            await asyncio.to_thread(backend.sql, SETTLE, s="completed", m=merchant, k=key)
+            await asyncio.wait_for(settled.wait(), 30)
+        await asyncio.to_thread(
+            backend.sql, SETTLE, s="expired", m=merchant, k=key
+        )  # not from processing
+        await asyncio.to_thread(
+            backend.sql, INSERT_PROCESSING, m=merchant, k=(marker := str(uuid.uuid4()))
+        )
+        with waiters.watch(merchant, marker) as marker_settled:
+            await asyncio.to_thread(backend.sql, SETTLE, s="completed", m=merchant, k=marker)
+            await asyncio.wait_for(marker_settled.wait(), 30)
+        assert seen == [key, marker]
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_killed_listen_connection_wakes_everyone_and_comes_back(
+    private_pg_backend: Backend,
+) -> None:
+    backend = private_pg_backend
+    merchant = await _merchant(backend)
+    key = str(uuid.uuid4())
+    await asyncio.to_thread(backend.sql, INSERT_PROCESSING, m=merchant, k=key)
+    waiters = await _listening(backend)
+    runner = asyncio.create_task(waiters.run_forever(retry_s=0.1))
+    try:
+        await asyncio.wait_for(waiters.listening.wait(), 30)
+        with waiters.watch(merchant, key) as woken:
+            await asyncio.to_thread(
+                backend.sql, f"SELECT pg_terminate_backend(pid) FROM ({LISTENERS}) AS l"
+            )
+            await asyncio.wait_for(woken.wait(), 30)  # it may have missed a notification
+        await eventually_async(
+            lambda: asyncio.to_thread(backend.sql, LISTENERS), what="LISTEN again", timeout=30
+        )
+        with waiters.watch(merchant, key) as settled:
+            await asyncio.to_thread(backend.sql, SETTLE, s="completed", m=merchant, k=key)
+            await asyncio.wait_for(settled.wait(), 30)
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+def test_the_waiting_table_is_bounded() -> None:
+    waiters = Waiters(limit=2)
+    with waiters.watch("m", "k1"), waiters.watch("m", "k1"):
+        with pytest.raises(WaitersFull), waiters.watch("m", "k2"):
+            pass
+        assert waiters.count == 2
+    assert waiters.count == 0
+    with waiters.watch("m", "k2"):
+        assert waiters.count == 1
