@@ -39,6 +39,7 @@ __all__ = [
     "PG_ADMIN",
     "PrivatePostgres",
     "PrivateRedis",
+    "admin_sql",
     "create_database",
     "drop_database",
     "free_port",
@@ -59,6 +60,11 @@ async def _admin(sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
+
+
+def admin_sql(sql: str) -> None:
+    """One statement on the shared PostgreSQL's ``postgres`` database, as its superuser."""
+    asyncio.run(_admin(sql))
 
 
 def create_database(prefix: str = "idempay_t") -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from idempay_tools.private_services import admin_sql
 from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, card, new_key
-from tests.support.services import _admin, asyncio
 
 
 def _read_only(backend: Backend, on: bool) -> None:
@@ -19,12 +19,10 @@ def _read_only(backend: Backend, on: bool) -> None:
     setting = (
         "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
     )
-    asyncio.run(_admin(f'ALTER DATABASE "{database}" {setting}'))
-    asyncio.run(
-        _admin(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{database}' AND pid <> pg_backend_pid()"
-        )
+    admin_sql(f'ALTER DATABASE "{database}" {setting}')
+    admin_sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE datname = '{database}' AND pid <> pg_backend_pid()"
     )
 
 
