@@ -1,0 +1,188 @@
+"""A private Citus cluster for tests (issue 18): a coordinator and two workers on localhost,
+started by ``scripts/citus.sh`` (which builds and installs the extension the first time,
+from ../shared/vendor) in a folder of the test session, and stopped by data directory.
+
+Each test module takes a database of its own on the cluster (``CitusCluster.database``):
+created on every node with the extension, the workers registered in its metadata, migrated
+(``idempay migrate`` distributes the tables). Nodes are stopped and started by data
+directory, never by name; the machine's shared PostgreSQL is never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from tests.support.services import ROOT
+
+SCRIPT = ROOT / "scripts" / "citus.sh"
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+NODES = ("coordinator", "worker1", "worker2")
+BUILD_TIMEOUT = 1800.0  # the first build on a fresh machine: ~5 minutes on 2 cores
+
+
+def _as_postgres(command: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+@dataclass
+class Node:
+    name: str
+    root: Path
+
+    @property
+    def port(self) -> int:
+        return int((self.root / "port").read_text())
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return None
+        return pid
+
+    def pg_ctl(self, *args: str, timeout: float = 90.0) -> None:
+        command = [str(PG_BIN / "pg_ctl"), "-D", str(self.data), *args]
+        done = subprocess.run(
+            _as_postgres(command), capture_output=True, text=True, timeout=timeout
+        )
+        if done.returncode != 0:
+            log = (self.root / "log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"pg_ctl {args} on {self.name}: {done.stdout}{done.stderr}{log}")
+
+    def kill(self) -> None:
+        """Stop at once, as a crashed machine would (no checkpoint, no goodbye to clients)."""
+        self.pg_ctl("-m", "immediate", "-w", "stop")
+
+    def start(self) -> None:
+        self.pg_ctl("-l", str(self.root / "log"), "-w", "-t", "60", "start")
+
+
+class CitusCluster:
+    """``scripts/citus.sh start DIR`` once; ``stop`` at the end of the session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nodes = {name: Node(name, root / name) for name in NODES}
+
+    @property
+    def coordinator(self) -> Node:
+        return self.nodes["coordinator"]
+
+    @property
+    def workers(self) -> list[Node]:
+        return [self.nodes["worker1"], self.nodes["worker2"]]
+
+    def start(self) -> CitusCluster:
+        done = subprocess.run(
+            [str(SCRIPT), "start", str(self.root)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"scripts/citus.sh start failed:\n{done.stdout}{done.stderr}")
+        return self
+
+    def stop(self) -> None:
+        subprocess.run([str(SCRIPT), "stop", str(self.root)], capture_output=True, timeout=180)
+
+    def node_of_port(self, port: int) -> Node:
+        return next(node for node in self.nodes.values() if node.port == port)
+
+    def database(self, prefix: str = "idempay_citus") -> str:
+        """A new database on every node, with the extension, its workers registered."""
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+        async def create() -> None:
+            for node in self.nodes.values():
+                await execute(node.dsn(), f'CREATE DATABASE "{name}"')
+                await execute(node.dsn(name), "CREATE EXTENSION citus")
+            coordinator = self.coordinator.dsn(name)
+            await execute(
+                coordinator,
+                f"SELECT citus_set_coordinator_host('127.0.0.1', {self.coordinator.port})",
+            )
+            for worker in self.workers:
+                await execute(coordinator, f"SELECT citus_add_node('127.0.0.1', {worker.port})")
+
+        asyncio.run(create())
+        return name
+
+    def url(self, database: str) -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.coordinator.port}/{database}"
+
+
+async def execute(dsn: str, statement: str, *args: Any) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(statement, *args)
+    finally:
+        await conn.close()
+
+
+async def fetch(dsn: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(statement, *args))
+    finally:
+        await conn.close()
+
+
+def query(dsn: str, statement: str, *args: Any) -> list[asyncpg.Record]:
+    return asyncio.run(fetch(dsn, statement, *args))
+
+
+def wait_until(predicate: Any, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except Exception as exc:  # noqa: BLE001 - a probe of a node that is coming back
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def shard_node_port(dsn: str, table: str, merchant_id: str) -> int:
+    """The port of the worker holding ``merchant_id``'s shard of ``table``."""
+    rows = query(
+        dsn,
+        "SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = "
+        "get_shard_id_for_distribution_column($1, $2)",
+        table,
+        merchant_id,
+    )
+    return int(rows[0]["nodeport"])
+
+
+def merchants_by_worker(dsn: str, merchant_ids: Sequence[str]) -> dict[int, list[str]]:
+    placed: dict[int, list[str]] = {}
+    for merchant_id in merchant_ids:
+        placed.setdefault(shard_node_port(dsn, "idempotency_key", merchant_id), []).append(
+            merchant_id
+        )
+    return placed
