@@ -18,6 +18,7 @@ listed in ``client_sdk._exceptions``) and the ``base_backoff`` / ``max_backoff``
 
 from ._client import AsyncClient, Client
 from ._exceptions import (
+    AdviceTooOldError,
     APIConnectionError,
     APIError,
     ClockSkewError,
@@ -35,6 +36,7 @@ from ._exceptions import (
     NotFoundError,
     NotReversible,
     NotReversibleError,
+    OfflineLimitError,
     PanNotAllowed,
     PanNotAllowedError,
     PayloadTooLarge,
@@ -53,6 +55,8 @@ from ._exceptions import (
     ServerError,
     ServiceUnavailable,
     ServiceUnavailableError,
+    StoredPaymentError,
+    StoredPaymentOverdueError,
     TransactionAborted,
     TransactionAbortedError,
     Unauthorized,
@@ -72,11 +76,13 @@ from ._models import (
     Transaction,
     TransactionStatus,
 )
+from ._offline import OfflineExposure, OfflinePolicy
 from ._retry import RetryPolicy
 
 __all__ = [
     "APIConnectionError",
     "APIError",
+    "AdviceTooOldError",
     "AsyncClient",
     "Card",
     "CardSummary",
@@ -100,6 +106,9 @@ __all__ = [
     "NotFoundError",
     "NotReversible",
     "NotReversibleError",
+    "OfflineExposure",
+    "OfflineLimitError",
+    "OfflinePolicy",
     "PanNotAllowed",
     "PanNotAllowedError",
     "PayloadTooLarge",
@@ -121,6 +130,8 @@ __all__ = [
     "ServerError",
     "ServiceUnavailable",
     "ServiceUnavailableError",
+    "StoredPaymentError",
+    "StoredPaymentOverdueError",
     "Transaction",
     "TransactionAborted",
     "TransactionAbortedError",

@@ -20,15 +20,40 @@ from typing import Any, Literal
 import httpx
 
 from ._context import Context
-from ._effects import Begin, Claim, HttpReply, JournalEffect, NoReply, Record, Release, Send, Steps
+from ._effects import (
+    Begin,
+    Claim,
+    HttpReply,
+    JournalEffect,
+    NoReply,
+    Notify,
+    Peek,
+    Record,
+    Release,
+    Send,
+    Steps,
+    Store,
+)
+from ._exceptions import IdempayError
+from ._forward import forward_stored
 from ._journal import Journal, new_owner
 from ._keys import uuid7
 from ._models import Card, Recovered, Transaction, card_from
+from ._offline import OfflinePolicy
 from ._protocol import pay, recover
 from ._request import build_body
 from ._retry import RetryPolicy
 
-__all__ = ["MAX_DEADLINE_S", "NETWORKS", "BaseClient", "no_reply", "reply_from", "retry_policy"]
+__all__ = [
+    "MAX_DEADLINE_S",
+    "NETWORKS",
+    "BaseClient",
+    "OfflineDeclineHandler",
+    "OfflineErrorHandler",
+    "no_reply",
+    "reply_from",
+    "retry_policy",
+]
 
 MAX_DEADLINE_S = 3600.0
 """A payment deadline longer than an hour is a bug in the caller, not a customer waiting."""
@@ -38,6 +63,14 @@ NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
 CLOCK_SKEW_TOLERANCE_S = 2.0
 MAX_CLOCK_SAMPLE_RTT_S = 2.0  # a slower round trip says too little about the server's clock
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+# No connection to the server could be made at all (refused, no route, DNS, connect timeout):
+# not a busy pool (PoolTimeout) nor a misconfigured URL (UnsupportedProtocol).
+_LINK_DOWN = (httpx.ConnectError, httpx.ConnectTimeout)
+OfflineDeclineHandler = Callable[[Transaction], object]
+"""``on_offline_decline``: called with the issuer's decline of a forwarded offline payment."""
+OfflineErrorHandler = Callable[[IdempayError], object]
+"""``on_offline_error``: called with ``AdviceTooOldError``, ``StoredPaymentOverdueError`` or
+the ``PaymentAbortedError`` of a fenced key — a stored payment the merchant must reconcile."""
 
 
 def reply_from(response: httpx.Response) -> HttpReply:
@@ -52,7 +85,11 @@ def reply_from(response: httpx.Response) -> HttpReply:
 def no_reply(exc: Exception) -> NoReply:
     """Connect errors certainly happened before sending; anything else — a transport
     error, a mangled body (``httpx.DecodingError``), a closed event loop — is in doubt."""
-    return NoReply(sent=not isinstance(exc, _NOT_SENT), error=f"{type(exc).__name__}: {exc}")
+    return NoReply(
+        sent=not isinstance(exc, _NOT_SENT),
+        error=f"{type(exc).__name__}: {exc}",
+        link_down=isinstance(exc, _LINK_DOWN),
+    )
 
 
 def _check_number(name: str, value: float, *, low: float, high: float, low_ok: bool) -> None:
@@ -135,7 +172,12 @@ class BaseClient:
         seed: int | None,
         clock: Callable[[], float] | None,
         monotonic: Callable[[], float] | None,
+        offline: OfflinePolicy | None = None,
+        on_offline_decline: OfflineDeclineHandler | None = None,
+        on_offline_error: OfflineErrorHandler | None = None,
     ) -> None:
+        if offline is not None and not isinstance(offline, OfflinePolicy):
+            raise TypeError(f"offline must be an OfflinePolicy, not {type(offline).__name__}")
         if network is not None and network not in NETWORKS:
             raise ValueError(f"network must be one of {sorted(NETWORKS)}")
         _check_number("timeout", timeout, low=0.0, high=600.0, low_ok=False)
@@ -146,6 +188,9 @@ class BaseClient:
         self.terminal_id = terminal_id
         self.retry = retry
         self.send_expires_at = send_expires_at
+        self.offline = offline
+        self.on_offline_decline = on_offline_decline
+        self.on_offline_error = on_offline_error
         self._owns_journal = not isinstance(journal, Journal)
         self.journal = journal if isinstance(journal, Journal) else Journal(journal)
         self.clock_offset_s: float | None = None  # server clock − ours, from Date headers
@@ -159,6 +204,7 @@ class BaseClient:
             monotonic=monotonic or time.monotonic,
             server_clock=self._server_clock,
             rng=random.Random(seed),
+            offline=offline,
         )
 
     @property
@@ -236,6 +282,14 @@ class BaseClient:
     def _recovery(self) -> Steps[list[Recovered]]:
         return recover(self._ctx, owner=new_owner())
 
+    def _forwarding(self) -> Steps[list[Recovered]]:
+        return forward_stored(self._ctx, owner=new_owner())
+
+    def _handler(self, effect: Notify) -> Callable[[Any], object] | None:
+        if effect.kind == "offline_decline":
+            return self.on_offline_decline
+        return self.on_offline_error
+
     def _journal_effect(self, effect: JournalEffect) -> object:
         journal = self.journal
         if isinstance(effect, Begin):
@@ -256,7 +310,14 @@ class BaseClient:
             return journal.transition(
                 effect.key, effect.state, attempts=effect.attempts, outcome=effect.outcome
             )
-        return [entry.key for entry in journal.unresolved()]
+        if isinstance(effect, Store):
+            return journal.store(
+                effect.key, effect.advice_json, policy=effect.policy, now=effect.now
+            )
+        if isinstance(effect, Peek):
+            return journal.get(effect.key)
+        entries = journal.stored() if effect.stored_only else journal.unresolved()
+        return [entry.key for entry in entries]
 
     def _close_journal(self) -> None:
         if self._owns_journal:

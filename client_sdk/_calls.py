@@ -1,22 +1,28 @@
-"""Single API calls (lookup, abort, reversal) as sans-I/O generators.
+"""Single API calls (lookup, abort, reversal, the listing) as sans-I/O generators.
 
 Each is idempotent on the server, so network failures, 429 and 5xx are retried up to
 ``max_retries`` times with backoff; every other answer is returned or raised as-is.
-These calls do not touch the journal: ``recover()`` is what settles journal entries.
+These calls do not write the journal: ``recover()`` is what settles journal entries. Abort
+and reversal read it, though: a payment the terminal sold offline and has not forwarded
+(STORED) is never aborted — ``StoredPaymentError``, nothing sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Literal
+from urllib.parse import urlencode
 
 from ._context import Context, send, sleep
-from ._effects import HttpReply, NoReply, Steps
-from ._exceptions import APIConnectionError, error_from_response
-from ._models import Fenced, Processing, Transaction
+from ._effects import HttpReply, NoReply, Peek, Steps
+from ._exceptions import APIConnectionError, StoredPaymentError, error_from_response
+from ._journal import JournalEntry
+from ._models import Fenced, JournalState, Processing, Transaction
+from ._request import iso_utc
 from ._retry import parse_retry_after
 
-__all__ = ["abort", "lookup", "reverse"]
+__all__ = ["abort", "lookup", "reverse", "transactions"]
 
 
 def _call(
@@ -56,8 +62,19 @@ def lookup(ctx: Context, key: str, *, max_retries: int) -> Steps[Transaction | P
     raise error_from_response(reply.status, reply.headers, reply.body)
 
 
+def _not_stored(key: str, action: str) -> Steps[None]:
+    entry = yield Peek(key)
+    if isinstance(entry, JournalEntry) and entry.state is JournalState.STORED:
+        raise StoredPaymentError(
+            f"payment {key} was sold offline and is not forwarded yet: it is never "
+            f"{action}; forward it (client.forward()), then reverse it if needed",
+            key=key,
+        )
+
+
 def abort(ctx: Context, key: str, *, max_retries: int) -> Steps[Transaction | Fenced]:
     """Fence the key: Fenced, or the transaction if it had been processed."""
+    yield from _not_stored(key, "aborted")
     path = f"/v1/transactions/{key}/abort"
     reply = yield from _call(ctx, "POST", path, max_retries=max_retries)
     if reply.status != 200:
@@ -70,8 +87,29 @@ def abort(ctx: Context, key: str, *, max_retries: int) -> Steps[Transaction | Fe
 
 def reverse(ctx: Context, key: str, *, max_retries: int) -> Steps[Transaction]:
     """Reverse a processed approval (idempotent): the reversed transaction."""
+    yield from _not_stored(key, "reversed before it is forwarded")
     path = f"/v1/transactions/{key}/reversal"
     reply = yield from _call(ctx, "POST", path, max_retries=max_retries)
     if reply.status != 200:
         raise error_from_response(reply.status, reply.headers, reply.body)
     return _transaction(reply)
+
+
+def transactions(
+    ctx: Context, *, terminal_id: str, since: datetime, page_size: int, max_retries: int
+) -> Steps[list[Transaction]]:
+    """Every transaction of the terminal created since ``since``, oldest first, following
+    the listing's cursor page after page (``GET /v1/transactions``)."""
+    found: list[Transaction] = []
+    params = {"terminal_id": terminal_id, "since": iso_utc(since), "limit": str(page_size)}
+    while True:
+        path = "/v1/transactions?" + urlencode(params)
+        reply = yield from _call(ctx, "GET", path, max_retries=max_retries)
+        body = reply.body
+        if reply.status != 200 or not isinstance(body, Mapping):
+            raise error_from_response(reply.status, reply.headers, reply.body)
+        found += [Transaction.from_json(item) for item in body.get("data") or []]
+        cursor = body.get("next_cursor")
+        if not isinstance(cursor, str):
+            return found
+        params["cursor"] = cursor

@@ -7,6 +7,7 @@ never raises: whatever goes wrong once a request may have left is a ``NoReply``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,16 +19,19 @@ import httpx
 
 from ._base_client import (
     BaseClient,
+    OfflineDeclineHandler,
+    OfflineErrorHandler,
     check_deadline,
     no_reply,
     reply_from,
     retry_policy,
     send_kwargs,
 )
-from ._calls import abort, lookup, reverse
-from ._effects import Reply, Send, Sleep, Steps
+from ._calls import abort, lookup, reverse, transactions
+from ._effects import Notify, Reply, Send, Sleep, Steps
 from ._journal import Journal
 from ._models import Card, Fenced, Processing, Recovered, Transaction
+from ._offline import OfflinePolicy
 from ._retry import RetryPolicy
 
 __all__ = ["AsyncClient", "Client"]
@@ -64,6 +68,10 @@ class Client(BaseClient):
     - ``send_expires_at``: send ``expires_at`` (the deadline) so a copy the network holds
       past it is refused by the server.
     - ``seed``, ``clock``, ``monotonic``, ``sleep``: jitter seed and time sources, for tests.
+    - ``offline``: an ``OfflinePolicy`` to sell while the server cannot be reached at all
+      (store and forward; off by default). ``on_offline_decline(transaction)``: the issuer
+      declined a forwarded offline payment; ``on_offline_error(error)``: a stored payment
+      to reconcile (``AdviceTooOldError``, ``StoredPaymentOverdueError``, a fenced key).
     - ``base_backoff``, ``max_backoff``, ``max_retries``: **deprecated** (one release) —
       ``RetryPolicy(base=, cap=, max_retries=)``; they warn (``DeprecationWarning``), and
       passing any of them together with ``retry`` is a ``TypeError``.
@@ -91,6 +99,9 @@ class Client(BaseClient):
         base_backoff: float | None = None,
         max_backoff: float | None = None,
         max_retries: int | None = None,
+        offline: OfflinePolicy | None = None,
+        on_offline_decline: OfflineDeclineHandler | None = None,
+        on_offline_error: OfflineErrorHandler | None = None,
     ) -> None:
         policy = retry_policy(
             retry, base_backoff=base_backoff, max_backoff=max_backoff, max_retries=max_retries
@@ -107,6 +118,9 @@ class Client(BaseClient):
             seed=seed,
             clock=clock,
             monotonic=monotonic,
+            offline=offline,
+            on_offline_decline=on_offline_decline,
+            on_offline_error=on_offline_error,
         )
         self._http = httpx.Client(base_url=base_url, transport=transport, timeout=timeout)
         self._sleep = sleep or time.sleep
@@ -131,14 +145,21 @@ class Client(BaseClient):
         ``deadline_s`` the key is aborted. With ``reverse_late_approval`` an approval
         that lands after the deadline is reversed (the customer has left).
 
+        Under an ``offline`` policy, payments stored earlier are forwarded first (oldest
+        first; never an error for this sale), and a payment that cannot reach the server
+        at all is accepted offline: the result has ``offline=True``, the journal holds it
+        STORED until it is forwarded.
+
         Returns the ``Transaction`` (``status`` ``"approved"`` or ``"declined"``). Raises
-        ``PaymentAbortedError`` (definitive: never charged), ``PaymentInDoubtError`` (no
-        definitive answer could be recorded; ``recover()`` settles it later), an
+        ``PaymentAbortedError`` (definitive: never charged; ``OfflineLimitError`` when the
+        server was unreachable and the offline policy refused it), ``PaymentInDoubtError``
+        (no definitive answer could be recorded; ``recover()`` settles it later), an
         ``APIError`` subclass for a request the server refused (e.g.
         ``ValidationFailedError``), ``ValueError`` for a bad argument.
         """
         check_deadline(deadline_s)
         self._learn_clock()
+        self._forward_first()
         _, steps = self._payment(
             "purchase",
             amount=amount,
@@ -165,9 +186,10 @@ class Client(BaseClient):
         reverse_late_approval: bool = False,
     ) -> Transaction:
         """Refund ``amount`` to ``card``: the same guarantees, arguments, result and
-        errors as ``purchase``."""
+        errors as ``purchase`` (a refund is never accepted offline)."""
         check_deadline(deadline_s)
         self._learn_clock()
+        self._forward_first()
         _, steps = self._payment(
             "refund",
             amount=amount,
@@ -202,9 +224,30 @@ class Client(BaseClient):
 
     def recover(self) -> list[Recovered]:
         """Settle every unfinished journal entry no other driver holds (never sells):
-        look each key up, fence with abort what the server does not know, and report one
+        forward the payments sold offline (oldest first, never aborted), then look each
+        other key up, fence with abort what the server does not know, and report one
         ``Recovered`` per entry; one bad entry does not stop the others. Call on boot."""
         return self._run(self._recovery())
+
+    def forward(self) -> list[Recovered]:
+        """Forward the payments stored offline now, oldest first (each under its lease):
+        one ``Recovered`` per stored entry — RESOLVED with the server's transaction,
+        REPORTED (``AdviceTooOldError``, a fenced key), or still STORED with what kept it
+        (the pass stops at the first one not forwarded, to keep the order)."""
+        return self._run(self._forwarding())
+
+    def reconcile(self, *, since: datetime, page_size: int = 100) -> list[Transaction]:
+        """This terminal's transactions on the server created since ``since`` (aware
+        datetime), oldest first, every page of ``GET /v1/transactions`` — for a terminal
+        that lost its journal. Raises an ``APIError`` or ``APIConnectionError``."""
+        steps = transactions(
+            self._ctx,
+            terminal_id=self.terminal_id,
+            since=since,
+            page_size=page_size,
+            max_retries=self.retry.max_retries,
+        )
+        return self._run(steps)
 
     def close(self) -> None:
         """Close the HTTP connections, and the journal if the client opened it."""
@@ -243,10 +286,27 @@ class Client(BaseClient):
                     reply = self._send(effect)
                 elif isinstance(effect, Sleep):
                     self._sleep(effect.seconds)
+                elif isinstance(effect, Notify):
+                    self._notify(effect)
                 else:
                     reply = self._journal_effect(effect)
             except Exception as exc:
                 failure = exc
+
+    def _notify(self, effect: Notify) -> None:
+        handler = self._handler(effect)
+        if handler is not None:
+            handler(effect.payload)
+
+    def _forward_first(self) -> None:
+        """Under an offline policy, forward what is stored before the next sale; what it
+        finds is told through the callbacks, never raised into the sale."""
+        if self.offline is None:
+            return
+        try:
+            self._run(self._forwarding())
+        except Exception:  # noqa: BLE001 - settling older sales never fails this one
+            return
 
     def _learn_clock(self) -> None:
         """Before this client's first payment, ask the server its time (``GET /healthz``,
@@ -304,6 +364,9 @@ class AsyncClient(BaseClient):
         base_backoff: float | None = None,
         max_backoff: float | None = None,
         max_retries: int | None = None,
+        offline: OfflinePolicy | None = None,
+        on_offline_decline: OfflineDeclineHandler | None = None,
+        on_offline_error: OfflineErrorHandler | None = None,
     ) -> None:
         policy = retry_policy(
             retry, base_backoff=base_backoff, max_backoff=max_backoff, max_retries=max_retries
@@ -320,6 +383,9 @@ class AsyncClient(BaseClient):
             seed=seed,
             clock=clock,
             monotonic=monotonic,
+            offline=offline,
+            on_offline_decline=on_offline_decline,
+            on_offline_error=on_offline_error,
         )
         self._http = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout)
         self._sleep = sleep or asyncio.sleep
@@ -339,6 +405,7 @@ class AsyncClient(BaseClient):
         """``Client.purchase``, awaited: the same guarantees, result and errors."""
         check_deadline(deadline_s)
         await self._learn_clock()
+        await self._forward_first()
         _, steps = self._payment(
             "purchase",
             amount=amount,
@@ -367,6 +434,7 @@ class AsyncClient(BaseClient):
         """``Client.refund``, awaited: the same guarantees, result and errors."""
         check_deadline(deadline_s)
         await self._learn_clock()
+        await self._forward_first()
         _, steps = self._payment(
             "refund",
             amount=amount,
@@ -395,6 +463,21 @@ class AsyncClient(BaseClient):
     async def recover(self) -> list[Recovered]:
         """``Client.recover``, awaited: settles the journal, never sells."""
         return await self._run(self._recovery())
+
+    async def forward(self) -> list[Recovered]:
+        """``Client.forward``, awaited."""
+        return await self._run(self._forwarding())
+
+    async def reconcile(self, *, since: datetime, page_size: int = 100) -> list[Transaction]:
+        """``Client.reconcile``, awaited."""
+        steps = transactions(
+            self._ctx,
+            terminal_id=self.terminal_id,
+            since=since,
+            page_size=page_size,
+            max_retries=self.retry.max_retries,
+        )
+        return await self._run(steps)
 
     async def close(self) -> None:
         """Close the HTTP connections, and the journal if the client opened it."""
@@ -437,10 +520,28 @@ class AsyncClient(BaseClient):
                     reply = await self._send(effect)
                 elif isinstance(effect, Sleep):
                     await self._sleep(effect.seconds)
+                elif isinstance(effect, Notify):
+                    await self._notify(effect)
                 else:
                     reply = await asyncio.to_thread(self._journal_effect, effect)
             except Exception as exc:
                 failure = exc
+
+    async def _notify(self, effect: Notify) -> None:
+        handler = self._handler(effect)
+        if handler is not None:
+            answer = handler(effect.payload)
+            if inspect.isawaitable(answer):
+                await answer
+
+    async def _forward_first(self) -> None:
+        """``Client._forward_first``, awaited."""
+        if self.offline is None:
+            return
+        try:
+            await self._run(self._forwarding())
+        except Exception:  # noqa: BLE001 - settling older sales never fails this one
+            return
 
     async def _learn_clock(self) -> None:
         """Before this client's first payment, ask the server its time (``GET /healthz``,

@@ -15,6 +15,7 @@ from ._effects import HttpReply, NoReply, Record, Reply, Send, Sleep, Steps
 from ._exceptions import APIError, InvalidTransitionError, JournalError, PaymentInDoubtError
 from ._journal import JournalEntry
 from ._models import JournalState
+from ._offline import OfflinePolicy
 from ._retry import RetryPolicy
 
 __all__ = ["MIN_SEND_S", "Context", "Run", "SettledElsewhere", "send", "sleep"]
@@ -31,7 +32,8 @@ class Context:
 
     ``clock`` is the device's wall clock (journal deadlines, which must survive a reboot,
     and leases); ``monotonic`` times deadlines within a process (an NTP step moves
-    neither); ``server_clock`` is the device clock corrected by the learned offset."""
+    neither); ``server_clock`` is the device clock corrected by the learned offset.
+    ``offline``: the merchant's store-and-forward limits, None when offline selling is off."""
 
     headers: Mapping[str, str]
     timeout: float
@@ -42,6 +44,7 @@ class Context:
     server_clock: Callable[[], float]
     rng: random.Random
     min_send_s: float = MIN_SEND_S
+    offline: OfflinePolicy | None = None
 
     def now(self) -> datetime:
         """The server's time as best known (Retry-After dates are on its clock)."""
@@ -114,6 +117,8 @@ class Run:
         self.step = 0
         self.maybe_sent = entry.state is not JournalState.PENDING
         self.rejection: APIError | None = None
+        self.may_store = False  # a sale with its customer waiting, under an offline policy
+        self.link_down = 0  # attempts in a row that could not connect at all
 
     def remaining(self) -> float:
         return self.deadline - self.ctx.monotonic()

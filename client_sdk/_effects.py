@@ -8,11 +8,17 @@ the only difference between the two clients.
                                       (committed before any send)
     Claim      → JournalEntry | None  re-read an entry and take its lease (None: held)
     Release    → None                 give the lease back
-    Unfinished → list[str]            the keys of every unfinished entry, oldest first
+    Unfinished → list[str]            the keys of every unfinished entry (or of every
+                                      STORED one), oldest first
     Record     → JournalEntry         move an entry to another state
+    Store      → JournalEntry | Limit accept a payment offline (STORED), or the limit of
+                                      the offline policy it would break (nothing written)
+    Peek       → JournalEntry | None  read an entry (no lease)
     Send       → Reply                one HTTP exchange: HttpReply, or NoReply when no
                                       answer came (whatever went wrong)
     Sleep      → None
+    Notify     → None                 tell the application (``on_offline_decline``,
+                                      ``on_offline_error``); its failure is ignored
 
 An effect that fails (a journal error, say) is thrown into the protocol at its ``yield``:
 the protocol, not the client, decides what a failure means for the payment.
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from ._models import JournalState
+from ._offline import OfflinePolicy
 
 __all__ = [
     "Begin",
@@ -33,12 +40,15 @@ __all__ = [
     "HttpReply",
     "JournalEffect",
     "NoReply",
+    "Notify",
+    "Peek",
     "Record",
     "Release",
     "Reply",
     "Send",
     "Sleep",
     "Steps",
+    "Store",
     "Unfinished",
 ]
 
@@ -69,7 +79,30 @@ class Release:
 
 @dataclass(frozen=True, slots=True)
 class Unfinished:
-    pass
+    stored_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    key: str
+    advice_json: str
+    policy: OfflinePolicy
+    now: float  # the server's time as best known (unix seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """``kind`` ``offline_decline``: ``payload`` is the declined ``Transaction``;
+    ``offline_error``: an ``IdempayError`` about a stored payment (``AdviceTooOldError``,
+    ``StoredPaymentOverdueError``, ``PaymentAbortedError`` for a fenced key)."""
+
+    kind: Literal["offline_decline", "offline_error"]
+    payload: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +138,17 @@ class HttpReply:
 
 @dataclass(frozen=True, slots=True)
 class NoReply:
-    """No HTTP answer. ``sent=False`` only when the request certainly never left."""
+    """No HTTP answer. ``sent=False`` only when the request certainly never left;
+    ``link_down`` only when no connection to the server could be made at all (refused, no
+    route, DNS failure, connect timeout) — what may turn a payment into an offline sale."""
 
     sent: bool
     error: str
+    link_down: bool = False
 
 
-JournalEffect = Begin | Claim | Release | Unfinished | Record
-Effect = JournalEffect | Send | Sleep
+JournalEffect = Begin | Claim | Release | Unfinished | Record | Store | Peek
+Effect = JournalEffect | Send | Sleep | Notify
 Reply = HttpReply | NoReply
 _T = TypeVar("_T")
 Steps = Generator[Effect, object, _T]

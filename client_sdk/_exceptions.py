@@ -20,13 +20,17 @@ IdempayError
 │   ├── ValidationFailedError           422 validation_error
 │   │   ├── PanNotAllowedError          422 pan_not_allowed (also raised locally, before journaling)
 │   │   └── ClockSkewError              422 clock_skew
+│   ├── AdviceTooOldError               422 advice_too_old (a forwarded offline payment)
 │   ├── NotReversibleError              422 not_reversible
 │   ├── RateLimitedError                429 rate_limited
 │   └── ServerError                     5xx (internal_error, or no code)
 │       └── ServiceUnavailableError     503 service_unavailable
 ├── APIConnectionError                  no answer (network failure) after the allowed retries
 ├── PaymentAbortedError                 the payment is fenced: definitive, never charged
+│   └── OfflineLimitError               not accepted offline: a limit of the OfflinePolicy
 ├── PaymentInDoubtError                 no definitive answer recorded (``result`` if one arrived)
+├── StoredPaymentError                  the key is a payment sold offline: never aborted
+│   └── StoredPaymentOverdueError       stored longer than max_age_s, still not forwarded
 └── JournalError                        the local journal refused an operation
     └── InvalidTransitionError          a transition out of a terminal state (or back to PENDING)
 ```
@@ -52,6 +56,7 @@ from typing import Literal
 __all__ = [
     "APIConnectionError",
     "APIError",
+    "AdviceTooOldError",
     "ClockSkewError",
     "ERRORS_BY_CODE",
     "IdempayError",
@@ -68,6 +73,7 @@ __all__ = [
     "NotFoundError",
     "NotReversible",
     "NotReversibleError",
+    "OfflineLimitError",
     "PanNotAllowed",
     "PanNotAllowedError",
     "PayloadTooLarge",
@@ -86,6 +92,8 @@ __all__ = [
     "ServerError",
     "ServiceUnavailable",
     "ServiceUnavailableError",
+    "StoredPaymentError",
+    "StoredPaymentOverdueError",
     "TransactionAborted",
     "TransactionAbortedError",
     "Unauthorized",
@@ -193,6 +201,12 @@ class ClockSkewError(ValidationFailedError):
     and raises ``PaymentAbortedError`` with ``code == "clock_skew"``."""
 
 
+class AdviceTooOldError(APIError):
+    """A forwarded offline payment (an advice) was captured longer ago than the server's
+    retention window: it is never processed and nothing was stored. The journal keeps it
+    ``REPORTED`` for the merchant to reconcile."""
+
+
 class NotReversibleError(APIError):
     """The transaction cannot be reversed (declined, or aborted)."""
 
@@ -236,6 +250,36 @@ class PaymentAbortedError(IdempayError):
         self.reason = reason
 
 
+class OfflineLimitError(PaymentAbortedError):
+    """The server could not be reached and the payment was not accepted offline: it would
+    break ``limit`` of the ``OfflinePolicy`` (``floor_limit``, ``max_stored_count``,
+    ``max_stored_amount``, ``max_age_s`` — a stored payment is overdue —, or
+    ``purchase_only``). Nothing was sent; never charged."""
+
+    def __init__(self, message: str, *, key: str, limit: str) -> None:
+        super().__init__(message, key=key, reason="not_sent", code="offline_limit")
+        self.limit = limit
+
+
+class StoredPaymentError(IdempayError):
+    """``key`` is a payment the terminal accepted offline (journal state STORED): the
+    customer has the goods, so the SDK never aborts it; it is forwarded instead."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class StoredPaymentOverdueError(StoredPaymentError):
+    """A payment stored offline more than ``max_age_s`` ago still could not be forwarded;
+    it stays STORED (and is forwarded as soon as the server answers) — reported, never
+    dropped. ``age_s``: seconds since it was captured."""
+
+    def __init__(self, message: str, *, key: str, age_s: float) -> None:
+        super().__init__(message, key=key)
+        self.age_s = age_s
+
+
 class PaymentInDoubtError(IdempayError):
     """No definitive answer the terminal could record — not even the abort reached the
     server, or the journal failed after a send; the entry stays for recover().
@@ -275,6 +319,7 @@ _BY_CODE: dict[str, type[APIError]] = {
     "validation_error": ValidationFailedError,
     "pan_not_allowed": PanNotAllowedError,
     "clock_skew": ClockSkewError,
+    "advice_too_old": AdviceTooOldError,
     "not_reversible": NotReversibleError,
     "rate_limited": RateLimitedError,
     "service_unavailable": ServiceUnavailableError,

@@ -6,12 +6,17 @@ file's integrity, schema version and identity are checked by ``_journal_file``; 
 storage failure surfaces as ``JournalError``.
 
     PENDING ─► SENT ─► IN_DOUBT ─► RESOLVED | ABORTED
-                 ▲        │
-                 └────────┘   (a lookup answered 404: resend with the same key)
+       │         ▲        │
+       │         └────────┘   (a lookup answered 404: resend with the same key)
+       └──────── SENT ─► STORED ─► RESOLVED | REPORTED      (store and forward)
 
 Any non-terminal state may move to any other non-terminal state except back to PENDING,
-or to a terminal state. RESOLVED and ABORTED are final: a transition out of them raises
-``InvalidTransitionError`` (carrying the final entry). ``attempts`` never decreases.
+or to a terminal state — but STORED, a payment the terminal sold offline, is entered only
+through ``store`` (from PENDING or SENT, never from IN_DOUBT: a payment that may have
+reached the server is never sold offline) and leaves only for RESOLVED (the server's answer
+to its advice) or REPORTED (refused for good): never ABORTED. RESOLVED, ABORTED and
+REPORTED are final: a transition out of them raises ``InvalidTransitionError`` (carrying
+the final entry). ``attempts`` never decreases.
 
 **The driver's lease.** One driver per key across threads, clients and processes sharing
 the file: ``begin`` writes the entry already leased to its driver, ``claim`` takes an
@@ -38,6 +43,7 @@ from typing import Any
 from ._exceptions import InvalidTransitionError, JournalError
 from ._journal_file import check_identity, open_database
 from ._models import JournalState
+from ._offline import Limit, OfflineExposure, OfflinePolicy, exposure, refusal
 
 __all__ = ["Journal", "JournalEntry", "new_owner", "owner_alive"]
 
@@ -239,14 +245,52 @@ class Journal:
         assert updated is not None
         return updated
 
+    def store(
+        self, key: str, advice_json: str, *, policy: OfflinePolicy, now: float
+    ) -> JournalEntry | Limit:
+        """Accept ``key`` offline: in one transaction, check ``policy`` against what is
+        already stored and, if no limit is broken, make the entry STORED with its advice as
+        the request (committed, fsync'd, before it returns). The broken limit otherwise,
+        with nothing written. ``now``: the server's time as best known (unix seconds)."""
+        with self._open(), self._transaction():
+            entry = self._get(key)
+            if entry is None:
+                raise JournalError(f"journal has no key {key}")
+            if entry.state not in (JournalState.PENDING, JournalState.SENT):
+                raise InvalidTransitionError(
+                    f"{key}: {entry.state} cannot be stored offline", entry=entry
+                )
+            counters = exposure(stored.request for stored in self._stored())
+            limit = refusal(policy, json.loads(advice_json), counters, now=now)
+            if limit is not None:
+                return limit
+            outcome = _dump({"kind": "stored", "stored_at": datetime.now(UTC).isoformat()})
+            self._db.execute(
+                "UPDATE journal_entry SET state = ?, request = ?, outcome = ?, updated_at = ? "
+                "WHERE key = ?",
+                (JournalState.STORED.value, advice_json, outcome, _now(), key),
+            )
+            stored = self._get(key)
+        assert stored is not None
+        return stored
+
+    def stored(self) -> list[JournalEntry]:
+        """The payments accepted offline and not yet forwarded (STORED), oldest first."""
+        with self._open():
+            return self._stored()
+
+    def offline_exposure(self) -> OfflineExposure:
+        """The risk counters: how many payments are stored, for how much per currency."""
+        return exposure(entry.request for entry in self.stored())
+
     def get(self, key: str) -> JournalEntry | None:
         """The entry for ``key``, or None."""
         with self._open():
             return self._get(key)
 
     def unresolved(self) -> list[JournalEntry]:
-        """Every entry not yet RESOLVED or ABORTED, oldest first."""
-        return self._select("WHERE state NOT IN ('RESOLVED', 'ABORTED')")
+        """Every entry not yet final (RESOLVED, ABORTED, REPORTED), oldest first."""
+        return self._select("WHERE state NOT IN ('RESOLVED', 'ABORTED', 'REPORTED')")
 
     def entries(self) -> list[JournalEntry]:
         """Every entry, whatever its state, oldest first."""
@@ -296,10 +340,19 @@ class Journal:
 
     def _select(self, where: str) -> list[JournalEntry]:
         with self._open():
-            cursor = self._db.execute(
-                f"SELECT {_COLUMNS} FROM journal_entry {where} ORDER BY created_at, key"
-            )
-            return [_entry(row) for row in cursor.fetchall()]
+            return self._rows(where)
+
+    def _rows(self, where: str) -> list[JournalEntry]:
+        cursor = self._db.execute(
+            f"SELECT {_COLUMNS} FROM journal_entry {where} ORDER BY created_at, key"
+        )
+        return [_entry(row) for row in cursor.fetchall()]
+
+    def _stored(self) -> list[JournalEntry]:
+        return self._rows("WHERE state = 'STORED'")
+
+
+_FROM_STORED = (JournalState.STORED, JournalState.RESOLVED, JournalState.REPORTED)
 
 
 def _dump(value: Mapping[str, Any] | None) -> str | None:
@@ -313,5 +366,14 @@ def _check(entry: JournalEntry, state: JournalState, attempts: int | None) -> No
         )
     if state is JournalState.PENDING:
         raise InvalidTransitionError(f"{entry.key}: cannot go back to PENDING")
+    stored = entry.state is JournalState.STORED
+    if state is JournalState.STORED and not stored:
+        raise InvalidTransitionError(f"{entry.key}: only store() accepts a payment offline")
+    if stored and state not in _FROM_STORED:
+        raise InvalidTransitionError(
+            f"{entry.key}: a payment sold offline is forwarded, never {state}", entry=entry
+        )
+    if state is JournalState.REPORTED and not stored:
+        raise InvalidTransitionError(f"{entry.key}: only a stored payment is REPORTED")
     if attempts is not None and attempts < entry.attempts:
         raise InvalidTransitionError(f"{entry.key}: attempts cannot decrease")

@@ -18,26 +18,34 @@ from ._exceptions import JournalError
 
 __all__ = ["SCHEMA_VERSION", "FileIdentity", "check_identity", "open_database"]
 
-SCHEMA_VERSION = 2
-"""1: journal_entry; 2: + the driver's lease (lease_owner, lease_until)."""
+SCHEMA_VERSION = 3
+"""1: journal_entry; 2: + the driver's lease (lease_owner, lease_until); 3: + the offline
+states STORED and REPORTED (store and forward). An SDK older than 3 refuses the file, so it
+can never fence a payment the terminal sold offline."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS journal_entry (
+_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
     key TEXT PRIMARY KEY,
     request TEXT NOT NULL,
     state TEXT NOT NULL
-        CHECK (state IN ('PENDING', 'SENT', 'IN_DOUBT', 'RESOLVED', 'ABORTED')),
+        CHECK (state IN ({states})),
     attempts INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     outcome TEXT,
     deadline REAL NOT NULL,
     reverse_late_approval INTEGER NOT NULL DEFAULT 0,
     created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS ix_journal_entry_open
-    ON journal_entry (created_at) WHERE state NOT IN ('RESOLVED', 'ABORTED');
-"""
+    updated_at TEXT NOT NULL{extra}
+)"""
+_V2_STATES = "'PENDING', 'SENT', 'IN_DOUBT', 'RESOLVED', 'ABORTED'"
+_STATES = "'PENDING', 'SENT', 'IN_DOUBT', 'STORED', 'RESOLVED', 'ABORTED', 'REPORTED'"
 _LEASE_COLUMNS = (("lease_owner", "TEXT"), ("lease_until", "REAL"))
+_OPEN_INDEX = """
+CREATE INDEX IF NOT EXISTS ix_journal_entry_open
+    ON journal_entry (created_at) WHERE state NOT IN ('RESOLVED', 'ABORTED', 'REPORTED')"""
+_COPIED = (
+    "key, request, state, attempts, outcome, deadline, reverse_late_approval, created_at, "
+    "updated_at, lease_owner, lease_until"
+)
 
 FileIdentity = tuple[int, int]
 
@@ -91,15 +99,30 @@ def _migrate(db: sqlite3.Connection, path: str) -> None:
                 f"{SCHEMA_VERSION} and will not write to it"
             )
         if version < SCHEMA_VERSION:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            columns = {row[1] for row in db.execute("PRAGMA table_info(journal_entry)")}
-            for name, kind in _LEASE_COLUMNS:
-                if name not in columns:
-                    db.execute(f"ALTER TABLE journal_entry ADD COLUMN {name} {kind}")
+            _bring_up(db)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _bring_up(db: sqlite3.Connection) -> None:
+    """Any older journal (or none) to the current schema, keeping every entry. SQLite cannot
+    widen a CHECK constraint in place: a version-2 table is copied into a new one."""
+    db.execute(_TABLE.format(name="journal_entry", states=_V2_STATES, extra=""))
+    columns = {row[1] for row in db.execute("PRAGMA table_info(journal_entry)")}
+    for name, kind in _LEASE_COLUMNS:
+        if name not in columns:
+            db.execute(f"ALTER TABLE journal_entry ADD COLUMN {name} {kind}")
+    (sql,) = db.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'journal_entry'"
+    ).fetchone()
+    if "'STORED'" not in sql:
+        lease = ",\n    lease_owner TEXT,\n    lease_until REAL"
+        db.execute(_TABLE.format(name="journal_entry_v3", states=_STATES, extra=lease))
+        db.execute(f"INSERT INTO journal_entry_v3 ({_COPIED}) SELECT {_COPIED} FROM journal_entry")
+        db.execute("DROP TABLE journal_entry")  # and its index
+        db.execute("ALTER TABLE journal_entry_v3 RENAME TO journal_entry")
+    db.execute("DROP INDEX IF EXISTS ix_journal_entry_open")
+    db.execute(_OPEN_INDEX)

@@ -28,18 +28,26 @@ _STATUSES: frozenset[str] = frozenset({"approved", "declined", "reversed"})
 
 
 class JournalState(StrEnum):
-    """Where a payment stands in the terminal's journal (RESOLVED and ABORTED are final)."""
+    """Where a payment stands in the terminal's journal (RESOLVED, ABORTED and REPORTED
+    are final).
+
+    STORED: accepted offline under the terminal's ``OfflinePolicy`` — sold, and owed to the
+    server, which has not processed it yet; forwarded (same key) as an advice. REPORTED: a
+    stored payment the server refused for good (``advice_too_old``, or its key fenced):
+    never processed, kept for the merchant to reconcile."""
 
     PENDING = "PENDING"
     SENT = "SENT"
     IN_DOUBT = "IN_DOUBT"
+    STORED = "STORED"
     RESOLVED = "RESOLVED"
     ABORTED = "ABORTED"
+    REPORTED = "REPORTED"
 
     @property
     def is_terminal(self) -> bool:
-        """True for RESOLVED and ABORTED: the entry is final."""
-        return self in (JournalState.RESOLVED, JournalState.ABORTED)
+        """True for RESOLVED, ABORTED and REPORTED: the entry is final."""
+        return self in (JournalState.RESOLVED, JournalState.ABORTED, JournalState.REPORTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +111,12 @@ class Transaction:
 
     ``status`` is ``"approved"`` (``authorization_code`` set), ``"declined"``
     (``decline_reason`` set) or ``"reversed"`` (``reversed_at`` set); ``amount`` is in
-    minor units of ``currency``; ``type`` is ``"purchase"`` or ``"refund"``."""
+    minor units of ``currency``; ``type`` is ``"purchase"`` or ``"refund"``.
+
+    ``offline`` is True for a payment accepted offline: either the SDK's own result when it
+    stored the payment (``status`` ``"approved"`` by the terminal, no
+    ``authorization_code``, no server times yet), or the server's transaction for the
+    forwarded advice (approved or declined)."""
 
     id: str
     status: TransactionStatus
@@ -118,6 +131,7 @@ class Transaction:
     created_at: datetime | None
     processed_at: datetime | None
     reversed_at: datetime | None
+    offline: bool = False
 
     @property
     def approved(self) -> bool:
@@ -150,6 +164,7 @@ class Transaction:
             created_at=_opt_time(body, "created_at"),
             processed_at=_opt_time(body, "processed_at"),
             reversed_at=_opt_time(body, "reversed_at"),
+            offline=body.get("offline") is True,
         )
 
 

@@ -16,25 +16,29 @@ What a 404 lookup ("the server does not know the key") leads to is the run's
 
 Whatever goes wrong after a request may have left — a journal failure, any exception —
 ends in ``PaymentInDoubtError`` (with the result when one is known), never a raw error.
+
+Under an offline policy (``Context.offline``) a sale whose attempts all failed to connect —
+none may have reached the server — is accepted offline (``_forward.store_offline``): the
+journal holds it STORED, and ``recover()`` forwards it first (``_forward.forward_stored``)
+instead of fencing it: it is already sold.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 from ._actions import Fence, Finish, GiveUp, Phase, Reject, Retry, next_action
-from ._context import Context, Run, SettledElsewhere, send
+from ._context import Context, Run, send
+from ._drive import as_error, driven
 from ._effects import Begin, Claim, NoReply, Release, Reply, Steps, Unfinished
 from ._exceptions import (
     APIError,
     IdempayError,
     JournalError,
     PaymentAbortedError,
-    PaymentInDoubtError,
 )
-from ._journal import JournalEntry, end_drive
+from ._forward import forward_stored, store_offline
+from ._journal import JournalEntry
 from ._models import JournalState, Recovered, Transaction
-from ._settle import fence, fenced, finish, rejected, settled_outcome
+from ._settle import fence, fenced, finish, rejected
 
 __all__ = ["Context", "drive", "pay", "recover", "recover_entry"]
 
@@ -68,19 +72,21 @@ def pay(
     if not isinstance(entry, JournalEntry):
         raise TypeError(f"Begin must be answered with a JournalEntry, got {entry!r}")
     run = Run(ctx, entry, deadline=deadline, on_not_found="resend")
-    return (yield from _driven(run, owner, drive(run, start=Phase.CREATE)))
+    run.may_store = ctx.offline is not None
+    return (yield from driven(run, owner, drive(run, start=Phase.CREATE)))
 
 
 def recover(ctx: Context, *, owner: str) -> Steps[list[Recovered]]:
-    """Settle every unfinished entry; one that fails does not stop the others."""
+    """Forward what was sold offline (in order), then settle every other unfinished entry;
+    one that fails does not stop the others."""
+    results = yield from forward_stored(ctx, owner=owner)
     keys = yield Unfinished()
     assert isinstance(keys, list)
-    results = []
     for key in keys:
         try:
             recovered = yield from recover_entry(ctx, key, owner=owner)
         except Exception as exc:
-            recovered = Recovered(key, JournalState.IN_DOUBT, None, _as_error(exc, key))
+            recovered = Recovered(key, JournalState.IN_DOUBT, None, as_error(exc, key))
         if recovered is not None:
             results.append(recovered)
     return results
@@ -88,13 +94,17 @@ def recover(ctx: Context, *, owner: str) -> Steps[list[Recovered]]:
 
 def recover_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | None]:
     """Take the entry's lease and re-read it; None when another driver holds it or it is
-    already settled. A never-sent entry is fenced; any other is looked up first (whatever
-    its deadline), and fenced if the server does not know it — never sent, never resent."""
+    already settled, or STORED (``forward_stored`` settles those, in order). A never-sent
+    entry is fenced; any other is looked up first (whatever its deadline), and fenced if the
+    server does not know it — never sent, never resent."""
     entry = yield Claim(key, owner, ctx.clock(), ctx.hold_s)
     if entry is None:
         return None
     assert isinstance(entry, JournalEntry)
     if entry.state.is_terminal:
+        return None
+    if entry.state is JournalState.STORED:  # sold offline: never fenced
+        yield Release(key, owner)
         return None
     deadline = ctx.monotonic() + (entry.deadline - ctx.clock())
     run = Run(ctx, entry, deadline=deadline, on_not_found="fence")
@@ -104,7 +114,7 @@ def recover_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | No
         else drive(run, start=Phase.LOOKUP, free_pass=True)
     )
     try:
-        transaction = yield from _driven(run, owner, steps)
+        transaction = yield from driven(run, owner, steps)
     except PaymentAbortedError as exc:
         return Recovered(key, JournalState.ABORTED, None, exc)
     except APIError as exc:  # settled by another driver with a rejection
@@ -121,11 +131,17 @@ def drive(run: Run, *, start: Phase, free_pass: bool = False) -> Steps[Transacti
     while True:
         remaining = run.remaining()
         if remaining < ctx.min_send_s and not free_pass:
+            if _sells_offline(run, at_deadline=True):
+                return (yield from store_offline(run))
             return (yield from fence(run, cause=None))
         timeout = ctx.timeout if free_pass else min(ctx.timeout, remaining)
         free_pass, earlier = False, False
         if phase is Phase.CREATE:
             reply, earlier = yield from _create(run, timeout)
+            if isinstance(reply, NoReply):
+                run.link_down = run.link_down + 1 if reply.link_down else 0
+                if _sells_offline(run):
+                    return (yield from store_offline(run))
         else:
             reply = yield from send(ctx, "GET", run.path(), timeout=timeout)
         action = next_action(phase, reply, now=ctx.now(), expect=run.expect)
@@ -159,6 +175,16 @@ def drive(run: Run, *, start: Phase, free_pass: bool = False) -> Steps[Transacti
         phase = action.then
 
 
+def _sells_offline(run: Run, *, at_deadline: bool = False) -> bool:
+    """Accept the payment offline: a sale under an offline policy, no attempt of which may
+    have reached the server, whose last ``connect_attempts`` attempts (or, at the deadline,
+    its last one) could not connect at all."""
+    policy = run.ctx.offline
+    if policy is None or not run.may_store or run.maybe_sent or not run.link_down:
+        return False
+    return at_deadline or run.link_down >= policy.connect_attempts
+
+
 def _create(run: Run, timeout: float) -> Steps[tuple[Reply, bool]]:
     """One create attempt; also whether an earlier attempt may have reached the server."""
     earlier = run.maybe_sent
@@ -179,40 +205,3 @@ def _create(run: Run, timeout: float) -> Steps[tuple[Reply, bool]]:
     )
     run.maybe_sent |= not (isinstance(reply, NoReply) and not reply.sent)
     return reply, earlier
-
-
-def _driven(run: Run, owner: str, steps: Steps[Transaction]) -> Steps[Transaction]:
-    """Run ``steps`` holding the key's lease; give it back however they end. A key settled
-    meanwhile by another driver answers with that driver's outcome."""
-    failure: Exception | None = None
-    result: Transaction | None = None
-    try:
-        result = yield from steps
-    except SettledElsewhere as settled:
-        try:
-            result = settled_outcome(settled.entry)
-        except IdempayError as exc:
-            failure = exc
-    except Exception as exc:
-        failure = _as_error(exc, run.key)
-    except BaseException:  # cancelled, interrupted, closed unfinished: no effect can run now
-        end_drive(owner)  # the lease stays in the file, but no live driver holds it
-        raise
-    with contextlib.suppress(Exception):  # best effort: a lease also ends with its time
-        yield Release(run.key, owner)
-    if failure is not None:
-        raise failure
-    assert result is not None
-    return result
-
-
-def _as_error(exc: Exception, key: str) -> IdempayError:
-    """Anything unexpected after a payment was journaled leaves it in doubt."""
-    if isinstance(exc, IdempayError):
-        return exc
-    doubt = PaymentInDoubtError(
-        f"payment {key}: {type(exc).__name__}: {exc}; the journal keeps it for recover()",
-        key=key,
-    )
-    doubt.__cause__ = exc
-    return doubt

@@ -130,7 +130,8 @@ def settled_outcome(entry: JournalEntry) -> Transaction:
     kind = outcome.get("kind")
     if entry.state is JournalState.RESOLVED and kind == "transaction":
         return Transaction.from_json(outcome.get("body"))
-    if entry.state is JournalState.ABORTED:
+    fenced_report = entry.state is JournalState.REPORTED and kind == "fenced"
+    if entry.state is JournalState.ABORTED or fenced_report:
         reason = outcome.get("reason") if kind == "fenced" else "not_sent"
         raise PaymentAbortedError(
             f"payment {entry.key} was settled by another driver: {reason}",

@@ -22,6 +22,7 @@ FAULTS = (
     "drop_response",
     "expire",
     "clock_skew",
+    "advice_too_old",
     "409",
     "429",
     "500",
@@ -107,6 +108,8 @@ class FakeIdempay:
             return _problem(410, "request_expired", status_header="expired")
         if mode == "clock_skew":  # the key's time is too far ahead: refused, nothing stored
             return _problem(422, "clock_skew")
+        if mode == "advice_too_old":  # an offline advice older than retention: nothing stored
+            return _problem(422, "advice_too_old")
         if mode in ("409", "429", "500", "503"):
             return _canned(int(mode))
         response = self._serve(endpoint, request, body)
@@ -119,6 +122,8 @@ class FakeIdempay:
             return _problem(401, "unauthorized")
         if endpoint == "create":
             return self._create(request, body)
+        if endpoint == "list":
+            return self._list(request)
         key = request.url.path.split("/")[3]
         record = self.keys.get(key)
         if endpoint == "lookup":
@@ -155,6 +160,21 @@ class FakeIdempay:
             record.polls_left = self.pending_polls
             return _json(202, {"id": key, "status": "processing"}, {"Retry-After": "1"})
         return _json(201, self._complete(key, record), {"Idempotency-Status": "created"})
+
+    def _list(self, request: httpx.Request) -> httpx.Response:
+        """GET /v1/transactions: processed transactions of a terminal, 2 per page."""
+        terminal = request.url.params.get("terminal_id")
+        rows = [
+            record.transaction
+            for record in self.keys.values()
+            if record.state == "processed"
+            and record.transaction is not None
+            and record.transaction["terminal_id"] == terminal
+        ]
+        start = int(request.url.params.get("cursor", "0"))
+        more = start + 2 < len(rows)
+        page = {"data": rows[start : start + 2], "next_cursor": str(start + 2) if more else None}
+        return _json(200, page)
 
     def _complete(self, key: str, record: KeyRecord) -> dict[str, Any]:
         record.state = "processed"
@@ -200,6 +220,8 @@ def _endpoint(request: httpx.Request) -> str:
     parts = request.url.path.strip("/").split("/")
     if request.method == "POST" and len(parts) == 2:
         return "create"
+    if request.method == "GET" and len(parts) == 2:
+        return "list"
     if request.method == "GET":
         return "lookup"
     return {"abort": "abort", "reversal": "reversal"}[parts[-1]]
@@ -222,6 +244,7 @@ def _transaction(key: str, body: dict[str, Any]) -> dict[str, Any]:
         "created_at": "2026-11-20T12:00:00Z",
         "processed_at": "2026-11-20T12:00:01Z",
         "reversed_at": None,
+        "offline": body.get("entry_mode") == "offline",
     }
 
 

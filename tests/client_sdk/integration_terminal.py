@@ -1,6 +1,8 @@
-"""A terminal process for the kill tests: ``pay`` one card or ``recover`` a journal.
+"""A terminal process for the kill tests: ``pay`` one card, ``pay-offline`` one card while
+the server cannot be reached, or ``recover`` a journal.
 
     python integration_terminal.py pay URL API_KEY JOURNAL [--gate]
+    python integration_terminal.py pay-offline URL API_KEY JOURNAL
     python integration_terminal.py recover URL API_KEY JOURNAL
 
 ``--gate`` routes the payment through a ``FaultTransport`` that delays every request
@@ -8,21 +10,27 @@ for ten minutes *before* sending it, so the process can be killed with its journ
 written (SENT) and nothing on the wire. Only the payment's requests: the clock check the
 SDK makes before its first payment (``GET /healthz``) passes, else the entry would never
 be written. ``recover`` prints one JSON line per entry it
-settled: ``{"key", "state", "status"}``.
+settled: ``{"key", "state", "status"}``. ``pay-offline`` (URL: a port nobody listens on)
+sells under an offline policy, prints ``{"key", "status", "offline"}`` once the journal
+holds the payment STORED, then waits to be killed.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import httpx
 
-from client_sdk import Client, RetryPolicy
+from client_sdk import Client, OfflinePolicy, RetryPolicy
 from client_sdk.faults import FaultTransport
 
 CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 GATE_S = 600.0
+POLICY = OfflinePolicy(
+    floor_limit=10_000, max_stored_count=10, max_stored_amount=50_000, max_age_s=3600
+)
 
 
 class Gate(httpx.BaseTransport):
@@ -54,7 +62,14 @@ def main(argv: list[str]) -> None:
         timeout=5.0,
         transport=transport,
         retry=RetryPolicy(base=0.02, cap=0.2),
+        offline=POLICY if command == "pay-offline" else None,
     ) as pos:
+        if command == "pay-offline":
+            sold = pos.purchase(amount=4200, currency="BRL", card=CARD, deadline_s=60)
+            line = {"key": sold.id, "status": sold.status, "offline": sold.offline}
+            print(json.dumps(line), flush=True)
+            time.sleep(GATE_S)  # killed here: stored, not forwarded
+            return
         if command == "pay":
             result = pos.purchase(amount=4200, currency="BRL", card=CARD, deadline_s=60)
             print(json.dumps({"key": result.id, "status": result.status}), flush=True)
