@@ -77,8 +77,11 @@ def forward_stored(ctx: Context, *, owner: str) -> Steps[list[Recovered]]:
     results: list[Recovered] = []
     for index, key in enumerate(keys):
         recovered = yield from _forward_entry(ctx, key, owner=owner)
-        if recovered is None:  # another driver is forwarding it: it keeps the order
+        if recovered is _HELD:  # another driver is forwarding it: it keeps the order
             break
+        if recovered is _SETTLED:  # another driver forwarded it since we listed the keys
+            continue
+        assert isinstance(recovered, Recovered)
         results.append(recovered)
         if recovered.state is STORED:
             cause = recovered.error
@@ -87,15 +90,21 @@ def forward_stored(ctx: Context, *, owner: str) -> Steps[list[Recovered]]:
     return results
 
 
-def _forward_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | None]:
+_HELD = "held"
+_SETTLED = "settled"
+
+
+def _forward_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | str]:
+    """The entry forwarded (or not, and why); ``_HELD`` when another driver holds its
+    lease, ``_SETTLED`` when it is no longer stored."""
     entry = yield Claim(key, owner, ctx.clock(), ctx.hold_s)
     if entry is None:
-        return None
+        return _HELD
     assert isinstance(entry, JournalEntry)
     if entry.state is not STORED:  # settled meanwhile
         if not entry.state.is_terminal:
             yield Release(key, owner)
-        return None
+        return _SETTLED
     run = Run(ctx, entry, deadline=ctx.monotonic() + ctx.hold_s / 2, on_not_found="resend")
     try:
         transaction = yield from driven(run, owner, _forwarding(run))
