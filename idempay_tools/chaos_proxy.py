@@ -24,6 +24,8 @@ Each forwarded request uses its own upstream connection (so the server's keep-al
 timeout can never race a forwarded request); the client side keeps its connection alive.
 Requests the proxy cannot frame (``Upgrade``, ``Expect``, bad ``Content-Length``) switch the
 connection to a plain tunnel without faults. Only loopback addresses are accepted.
+``stats`` counts requests by fate; ``on_request`` is told each request's fate with its
+headers (the fleet simulator's link-loss ground truth: ``idempay_tools.simulate_links``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import random
 import socket
 import struct
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -60,6 +63,14 @@ _STAT_KEYS = (
     "tunnels",
 )
 _INJECTABLE = frozenset({*MODES, "reset_before", "reset_after", "pass"})
+
+
+# ``on_request(request_line, headers, fate)``: called once per framed request when its fate
+# is known — ``drop_request`` / ``reset_before`` (never forwarded), ``upstream_errors`` (the
+# forward failed), or, once the server answered, the mode it met (``passed``, ``delay``,
+# ``hold``, ``drop_response``, ``reset_after``). Headers are lower-cased. It runs on the
+# proxy's event loop: keep it short and thread-safe.
+Observer = Callable[[str, Mapping[str, str], str], None]
 
 
 class _Unframeable(ValueError):
@@ -201,6 +212,7 @@ class ChaosProxy:
         hold_ratio: float = 0.0,
         delay_s: float = 1.0,
         hold_s: float | None = None,
+        on_request: Observer | None = None,
     ) -> None:
         for host in (listen_host, target_host):
             if not is_loopback(host):
@@ -222,6 +234,7 @@ class ChaosProxy:
             ("drop_response", rest * (1.0 - drop_request_ratio)),
         )
         self._stats = dict.fromkeys(_STAT_KEYS, 0)
+        self._on_request = on_request
         self.released: list[Release] = []
         self._injections: list[_Injection] = []
         self._lock = threading.Lock()
@@ -364,6 +377,7 @@ class ChaosProxy:
         mode, hold_s = self._decide(rng, request_line)
         self._count("passed" if mode == "pass" else mode)
         if mode in ("drop_request", "reset_before"):
+            self._observe(request_line, headers, mode)
             if mode == "reset_before":
                 _reset(writer)
             return False
@@ -376,9 +390,11 @@ class ChaosProxy:
             response, status, keep_alive = await self._forward(request, method)
         except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             self._count("upstream_errors")
+            self._observe(request_line, headers, "upstream_errors")
             if mode == "hold":
                 self._record_release(request_line, None)
             return False
+        self._observe(request_line, headers, "passed" if mode == "pass" else mode)
         if mode == "hold":
             self._record_release(request_line, status)
         if mode in ("drop_response", "reset_after"):
@@ -388,6 +404,10 @@ class ChaosProxy:
         writer.write(response)
         await writer.drain()
         return keep_alive and "close" not in headers.get("connection", "").lower()
+
+    def _observe(self, request_line: str, headers: dict[str, str], fate: str) -> None:
+        if self._on_request is not None:
+            self._on_request(request_line, headers, fate)
 
     def _record_release(self, request_line: str, status: int | None) -> None:
         with self._lock:

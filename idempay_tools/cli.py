@@ -50,12 +50,14 @@ def simulate(
         str | None, typer.Option(help="Where the journals go (default: a temp dir).")
     ] = None,
 ) -> None:
-    """A terminal fleet through the SDK on a lossy link, then the contract §8 invariants."""
+    """A terminal fleet through the SDK on a lossy link, then the contract §8 invariants
+    (through the chaos proxy, also the audit's link loss against the proxy's count)."""
     from pathlib import Path
 
     from rich.console import Console
 
     from idempay_tools.simulate import FleetConfig
+    from idempay_tools.simulate_links import render_link_check
     from idempay_tools.simulate_run import default_workdir, describe, render, run_simulation
 
     if (url is None) != (api_key is None):
@@ -74,15 +76,20 @@ def simulate(
         slow_share=slow_share,
     )
     console = Console()
-    result, report = run_simulation(config, start=url is None, console=console)
+    result, report = run_simulation(config, start=url is None, console=console, audit_links=True)
     console.print(describe(config, result), soft_wrap=True)
     console.print(render(config, result, report))
     for violation in report.violations:
         console.print(f"[red]{violation.invariant}[/] {violation.key or ''} {violation.detail}")
+    if result.link_loss is not None:
+        console.print(render_link_check(result.link_loss), markup=False, highlight=False)
     if not report.ok:
         console.print(f"[red]invariants failed: {', '.join(report.failed())}[/]")
         raise typer.Exit(1)
     console.print("[green]all invariants hold[/]")
+    if result.link_loss is not None and not result.link_loss.ok:
+        console.print("[red]the audit's link loss disagrees with the chaos proxy's count[/]")
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -20,6 +20,10 @@ Round trips are counted in the terminal's transport, before any injected fault:
 ``resends`` are creates with ``Idempotency-Attempt`` ≥ 2. A killed process loses the
 counts of the payment it was in (a small undercount, stated).
 
+Through the proxy, its own tally of the creates it lost (``idempay_tools.simulate_links``)
+is the ground truth that ``idempay simulate`` and ``idempay demo`` check the audit's link
+loss against.
+
 ``idempay_tools.simulate_run.run_simulation`` wires it for the CLI: server (a subprocess unless
 ``--url``), API key, fleet, ``idempay_tools.invariants.check_invariants``, and a rich table.
 """
@@ -58,6 +62,7 @@ from client_sdk import (
 )
 from client_sdk.faults import FaultyTransport
 from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.simulate_links import LinkLedger, LinkLossCheck
 from idempay_tools.simulate_reboot import run_rebooting, sell_after_reboot
 
 if TYPE_CHECKING:  # the terminal subprocesses import only the SDK side of this module
@@ -131,6 +136,9 @@ class FleetResult:
     killed: int = 0
     recovered: int = 0
     reruns: int = 0  # sales a cashier re-ran after a reboot
+    link: LinkLedger | None = None  # via the proxy: what it did with each key's creates
+    merchant_id: str | None = None  # the fleet's merchant (set by the invariant check)
+    link_loss: LinkLossCheck | None = None  # the audit's link loss against ``link``
 
     @property
     def payments(self) -> int:
@@ -358,8 +366,11 @@ class _Tally:
 
 
 @contextlib.contextmanager
-def _link(config: FleetConfig) -> Iterator[tuple[FleetConfig, ProxyThread | None]]:
-    """The fleet's view of the server: direct, or through one shared chaos proxy."""
+def _link(
+    config: FleetConfig, ledger: LinkLedger | None
+) -> Iterator[tuple[FleetConfig, ProxyThread | None]]:
+    """The fleet's view of the server: direct, or through one shared chaos proxy that
+    tells ``ledger`` what it does with each request."""
     if not config.via_proxy:
         yield config, None
         return
@@ -371,6 +382,7 @@ def _link(config: FleetConfig) -> Iterator[tuple[FleetConfig, ProxyThread | None
         loss=config.loss,
         drop_request_ratio=0.5,
         reset_ratio=0.2,
+        on_request=ledger.observe if ledger is not None else None,
     ).run_in_thread()
     try:
         yield replace(config, base_url=f"http://127.0.0.1:{proxy.port}"), proxy
@@ -391,6 +403,7 @@ def run_fleet(config: FleetConfig, *, console: Console | None = None) -> FleetRe
 
     config.workdir.mkdir(parents=True, exist_ok=True)
     result = FleetResult(journals=[config.journal(i) for i in range(config.terminals)])
+    result.link = LinkLedger() if config.via_proxy else None
     progress = Progress(
         TextColumn("[bold]fleet"),
         BarColumn(),
@@ -399,7 +412,7 @@ def run_fleet(config: FleetConfig, *, console: Console | None = None) -> FleetRe
         TimeElapsedColumn(),
         console=console or Console(stderr=True),
     )
-    with _link(config) as (linked, proxy), progress:
+    with _link(config, result.link) as (linked, proxy), progress:
         task = progress.add_task("fleet", total=config.terminals * config.payments)
         tally = _Tally(result, lambda: progress.advance(task))
         started = time.perf_counter()

@@ -1,6 +1,7 @@
 """``idempay simulate`` and ``idempay demo``'s fleet step: start a server (unless a URL is
 given), mint a merchant key, run the fleet (``idempay_tools.simulate``), check contract §8
-(``idempay_tools.invariants``) and render the run as a rich table."""
+(``idempay_tools.invariants``) and render the run as a rich table; through the chaos proxy,
+also the audit's link loss against the proxy's own tally (``idempay_tools.simulate_links``)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from idempay_tools.serve_process import ServerProcess
 from idempay_tools.simulate import FleetConfig, FleetResult, run_fleet
+from idempay_tools.simulate_links import audit_run, check_link_loss, days_between
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -63,6 +66,7 @@ async def _check(api_key: str, result: FleetResult) -> InvariantReport:
         merchant = await merchant_for_api_key(engine, api_key)
         if merchant is None:
             raise RuntimeError("the API key is not in the configured database (IDEMPAY_*)")
+        result.merchant_id = merchant
         return await check_invariants(
             engine, merchant_ids=[merchant], reported=result.outcomes, journals=result.journals
         )
@@ -71,9 +75,14 @@ async def _check(api_key: str, result: FleetResult) -> InvariantReport:
 
 
 def run_simulation(
-    config: FleetConfig, *, start: bool, console: Console
+    config: FleetConfig, *, start: bool, console: Console, audit_links: bool = False
 ) -> tuple[FleetResult, InvariantReport]:
-    """Start a server (when ``start``) and a merchant key, run the fleet, check §8."""
+    """Start a server (when ``start``) and a merchant key, run the fleet, check §8.
+
+    ``audit_links`` (through the proxy, on a server started here): once the server has
+    stopped (every request event flushed), export the run's days to ``WORKDIR/lake``, run
+    the Spark audit into ``WORKDIR/audit`` and compare its link loss with the proxy's
+    tally (``result.link_loss``)."""
     from rich.console import Console
 
     if not start:
@@ -81,12 +90,21 @@ def run_simulation(
         result = run_fleet(config, console=Console(stderr=True))
         return result, asyncio.run(_check(config.api_key, result))
     config.workdir.mkdir(parents=True, exist_ok=True)
+    first = datetime.now(UTC).date()
     with start_server(config.workdir / "server.log") as url:
         api_key = asyncio.run(_new_api_key(f"simulate-{uuid.uuid4().hex[:12]}"))
         console.print(f"server {url} · journals in {config.workdir}")
         config = replace(config, base_url=url, api_key=api_key)
         result = run_fleet(config, console=Console(stderr=True))
-        return result, asyncio.run(_check(api_key, result))
+        report = asyncio.run(_check(api_key, result))
+    if audit_links and result.link is not None and result.merchant_id is not None:
+        lake, out = config.workdir / "lake", config.workdir / "audit"
+        console.print(f"exporting the run and auditing it (Spark) → {out}")
+        audit_run(lake, out, days_between(first, datetime.now(UTC).date()))
+        result.link_loss = check_link_loss(
+            result.link, result.outcomes, audit_out=out, merchant_id=result.merchant_id
+        )
+    return result, report
 
 
 def default_workdir() -> Path:

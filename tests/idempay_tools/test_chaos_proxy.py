@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -156,6 +158,33 @@ async def test_with_a_seed_every_fault_mode_happens_and_is_counted(echo_server: 
     assert len(echo_server.seen) == forwarded
     assert len(proxy.released) == stats["hold"]
     assert {r.status for r in proxy.released} == {200}
+
+
+async def test_on_request_tells_each_request_its_fate_with_its_headers(
+    echo_server: EchoServer,
+) -> None:
+    """What the fleet's link-loss ground truth is built on: one call per request, and the
+    ones called lost before forwarding are exactly those the server never saw."""
+    fates: list[tuple[str, str, str]] = []
+
+    def record(line: str, headers: Mapping[str, str], fate: str) -> None:
+        fates.append((line, headers["x-n"], fate))
+
+    options = {"seed": 3, "loss": 1.0, "delay_ratio": 0.2, "reset_ratio": 0.3, "delay_s": 0.01}
+    async with proxy_for(echo_server, on_request=record, **options) as proxy:
+        async with httpx.AsyncClient(base_url=f"http://{LOCAL}:{proxy.port}") as client:
+            for i in range(40):
+                with contextlib.suppress(httpx.TransportError):
+                    await client.post("/v1/transactions", content=f"r{i}", headers={"X-N": str(i)})
+        stats = proxy.stats
+    assert [n for _, n, _ in fates] == [str(i) for i in range(40)]
+    assert {line for line, _, _ in fates} == {"POST /v1/transactions HTTP/1.1"}
+    counted = Counter(fate for _, _, fate in fates)
+    assert counted == {mode: n for mode, n in stats.items() if mode in counted}
+    assert set(counted) == {"drop_request", "reset_before", "drop_response", "reset_after", "delay"}
+    lost = {n for _, n, fate in fates if fate in ("drop_request", "reset_before")}
+    arrived = {body.decode()[1:] for _, _, body in echo_server.seen}
+    assert lost == {str(i) for i in range(40)} - arrived
 
 
 async def test_drop_response_forwards_the_request_but_breaks_the_client_connection(

@@ -63,7 +63,7 @@ def simulate(database_url: str, tmp: Path, *args: str) -> Run:
     }
     workdir = str(tmp / "journals")
     argv = [sys.executable, "-m", "idempay_tools", "simulate", "--workdir", workdir, *args]
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return Run(done.returncode, done.stdout + done.stderr)
 
 
@@ -121,6 +121,18 @@ def test_simulate_through_the_chaos_proxy_on_postgres(database: str, tmp_path: P
         with Journal(path) as journal:
             entries = journal.entries()
         assert len(entries) == 25 and all(e.state.is_terminal for e in entries)
+    # Issue 19: the run's days exported and audited; the audit's link loss is the proxy's
+    # own count of the creates it lost before the server, and it received what was forwarded.
+    link = re.search(
+        r"proxy: lost before the server (\d+), forwarded (\d+) .*\n\s*"
+        r"audit: unseen_attempts (\d+), received (\d+)",
+        run.out,
+    )
+    assert link, run.out
+    lost, forwarded, unseen, received = map(int, link.groups())
+    assert lost >= 1 and (unseen, received) == (lost, forwarded), run.out
+    assert "link loss: agree" in run.out
+    assert (tmp_path / "journals" / "audit" / "report.html").is_file()
 
 
 def test_simulate_kills_terminal_processes_and_recovers_their_journals(
