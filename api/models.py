@@ -4,6 +4,12 @@ The exactly-once argument lives in three constraints:
 - ``idempotency_key`` primary key (merchant_id, key): the claim; one winner per key.
 - ``transaction`` primary key (merchant_id, id): one transaction per key.
 - ``ledger_entry`` unique (merchant_id, transaction_id, kind): one charge per transaction.
+
+Every primary key and unique constraint of a merchant's data contains ``merchant_id``, so on
+Citus each table is distributed by it, colocated, and each of those constraints is enforced
+inside one shard (``api.migrate.DISTRIBUTED``; merchants, API keys and the other small
+tables are reference tables). SQLite keeps ``outbox_event.id`` as its one-column primary
+key, the only kind it numbers by itself (migration 0008).
 """
 
 from __future__ import annotations
@@ -106,8 +112,8 @@ Index(
 
 class LedgerEntry(Base):
     __tablename__ = "ledger_entry"
+    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
     entry_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    merchant_id: Mapped[str] = mapped_column(String(40))
     transaction_id: Mapped[str] = mapped_column(String(36))
     amount: Mapped[int] = mapped_column(BigInteger)
     currency: Mapped[str] = mapped_column(String(3))
@@ -127,9 +133,9 @@ class LedgerEntry(Base):
 
 class RequestEvent(Base):
     __tablename__ = "request_event"
+    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     ts: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
-    merchant_id: Mapped[str] = mapped_column(String(40))
     terminal_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(36), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(16))
@@ -139,12 +145,20 @@ class RequestEvent(Base):
     network: Mapped[str | None] = mapped_column(String(16), nullable=True)
     latency_ms: Mapped[float] = mapped_column(Float)
     exported_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    __table_args__ = (
+        # The event writer's conflict target (ON CONFLICT (event_id)); not on Citus, where
+        # ``api.migrate.distribute`` drops it (api.migrate.DROPPED_ON_CITUS).
+        UniqueConstraint("event_id", name="uq_request_event_event_id"),
+    )
 
 
 class IssuerAuthorization(Base):
-    """The issuer simulator's own record, keyed by the derived issuer idempotency key."""
+    """The issuer simulator's own record, keyed by the derived issuer idempotency key. Its
+    merchant places it on the merchant's shard on Citus (``''`` from writers that predate
+    the column: migration 0008)."""
 
     __tablename__ = "issuer_authorization"
+    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True, server_default="")
     issuer_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     result: Mapped[str] = mapped_column(String(16))
     decline_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -168,11 +182,11 @@ class OutboxEvent(Base):
     """Written in the same transaction as the change it announces; published by the relay."""
 
     __tablename__ = "outbox_event"
+    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
     id: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     )
-    event_id: Mapped[str] = mapped_column(String(36), unique=True)
-    merchant_id: Mapped[str] = mapped_column(String(40))
+    event_id: Mapped[str] = mapped_column(String(36))
     seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     type: Mapped[str] = mapped_column(String(32))
     transaction_id: Mapped[str] = mapped_column(String(36))
@@ -180,6 +194,7 @@ class OutboxEvent(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     __table_args__ = (
+        UniqueConstraint("merchant_id", "event_id", name="uq_outbox_event_merchant_event_id"),
         UniqueConstraint("merchant_id", "seq", name="uq_outbox_event_merchant_seq"),
         Index("ix_outbox_event_sent_at_id", "sent_at", "id"),
     )

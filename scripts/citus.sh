@@ -194,7 +194,7 @@ fsync = on
 synchronous_commit = on
 citus.shard_count = 32
 log_min_messages = warning
-log_line_prefix = '%m [%p] '
+log_line_prefix = '%m [%p] db=%d app=%a '
 EOF
   printf 'host all all 127.0.0.1/32 trust\n' >>"$dir/$node/data/pg_hba.conf"
 }

@@ -1,17 +1,20 @@
-"""Alembic environment: async engines (asyncpg / aiosqlite), URL passed in by ``api.migrate``."""
+"""Alembic environment: async engines (asyncpg / aiosqlite), URL passed in by ``api.migrate``.
+On Citus the run ends by distributing the tables, in the same transaction and under the same
+lock (``api.migrate.distribute``)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from alembic import context
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from api import models  # noqa: F401  (registers the tables)
 from api.db import Base
-from api.migrate import MIGRATION_LOCK
+from api.migrate import MIGRATION_LOCK, distribute
 
 config = context.config
 target_metadata = Base.metadata
@@ -30,6 +33,13 @@ def _run(connection: Connection) -> None:
             # the others wait here, then find the schema at head. Released at commit.
             connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK})
         context.run_migrations()
+        if _at_head():  # the tables are distributable only in their latest shape
+            distribute(connection)  # no-op unless the database has the citus extension
+
+
+def _at_head() -> bool:
+    heads = set(ScriptDirectory.from_config(config).get_heads())
+    return set(context.get_context().get_current_heads()) == heads
 
 
 async def _run_async() -> None:

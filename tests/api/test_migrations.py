@@ -3,14 +3,33 @@ trip over each other on Postgres — one migrates, the others wait and find it d
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import hmac
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
+from alembic import command
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from api.migrate import MIGRATION_LOCK
+from api.config import Settings
+from api.migrate import (
+    DISTRIBUTED,
+    DROPPED_ON_CITUS,
+    LOCAL,
+    MIGRATION_LOCK,
+    REFERENCE,
+    alembic_config,
+    migrate,
+)
+from api.models import Base
+from tests.support.backend import Backend
 from tests.support.eventually import eventually
 from tests.support.services import ROOT, create_database, drop_database, pg_url
 
@@ -152,3 +171,144 @@ def test_migrate_writes_an_epoch_that_only_new_epoch_renews(tmp_path: Path) -> N
         assert _psql(name, "SELECT count(*) FROM database_epoch") == "1"
     finally:
         drop_database(name)
+
+
+# ------------------------------------------------------------------ 0008: merchant keys
+# Every primary key and unique constraint of a merchant's data contains merchant_id (issue
+# 18), so Citus can shard the tables by merchant; an existing database keeps its rows, and
+# the simulator's issuer records get their merchant back from the key rows.
+
+SECRET = Settings.model_fields["secret_key"].default  # what the migration derives with
+MERCHANT_KEYS = {
+    "ledger_entry": ["merchant_id", "entry_id"],
+    "request_event": ["merchant_id", "event_id"],
+    "issuer_authorization": ["merchant_id", "issuer_key"],
+    "idempotency_key": ["merchant_id", "key"],
+    "transaction": ["merchant_id", "id"],
+}
+T0 = "'2026-11-20T10:00:00+00:00'"
+
+
+def issuer_key(merchant_id: str, key: str) -> str:
+    digest = hmac.new(SECRET.encode(), f"{merchant_id}:{key}".encode(), hashlib.sha256)
+    return digest.hexdigest()[:40]
+
+
+SEED_0004 = [
+    f"INSERT INTO merchant (id, name, created_at) VALUES ('mer_a', 'a', {T0})",
+    "INSERT INTO idempotency_key (merchant_id, key, state, lease_token, created_at, updated_at)"
+    f" VALUES ('mer_a', 'k1', 'completed', 1, {T0}, {T0})",
+    'INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,'
+    " card_brand, card_fingerprint, installments, status, created_at, processed_at) VALUES"
+    f" ('mer_a', 'k1', 'T1', 'sale', 100, 'BRL', '4242', 'visa', 'fp', 1, 'approved', {T0}, {T0})",
+    "INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,"
+    f" created_at) VALUES ('e1', 'mer_a', 'k1', 100, 'BRL', 'charge', {T0})",
+    "INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at)"
+    f" VALUES ('ev1', 'mer_a', 'transaction.completed', 'k1', '{{}}', {T0})",
+    "INSERT INTO request_event (event_id, ts, merchant_id, endpoint, outcome, http_status,"
+    f" latency_ms) VALUES ('re1', {T0}, 'mer_a', 'create', 'created', 201, 1.5)",
+    "INSERT INTO issuer_authorization (issuer_key, result, amount, currency, calls, created_at)"
+    f" VALUES ('{issuer_key('mer_a', 'k1')}', 'approved', 100, 'BRL', 1, {T0})",
+    # a purged tombstone's void: no key row names it any more
+    "INSERT INTO issuer_authorization (issuer_key, result, amount, currency, calls, created_at)"
+    f" VALUES ('orphan', 'voided', 100, 'BRL', 0, {T0})",
+]
+
+
+def upgrade_with_rows(settings: Settings) -> Callable[[str], list[Any]]:
+    """0004 with one merchant's rows, then ``idempay migrate`` (to head); the SQL runner."""
+    if settings.is_sqlite:
+        settings.var_dir.mkdir(parents=True, exist_ok=True)
+    backend = Backend("x", settings.database_url, settings.var_dir.parent)
+    command.upgrade(alembic_config(settings), "0004")
+    for statement in SEED_0004:
+        backend.sql(statement)
+    migrate(settings)
+    return backend.sql
+
+
+def inspect(settings: Settings, read: Callable[[Any, str], Any]) -> dict[str, Any]:
+    """``read(inspector, table)`` for every table of the models."""
+
+    async def run() -> dict[str, Any]:
+        engine = create_async_engine(settings.resolved_database_url)
+        try:
+            async with engine.connect() as conn:
+                return await conn.run_sync(
+                    lambda c: {t: read(sa.inspect(c), t) for t in Base.metadata.tables}
+                )
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def primary_keys(settings: Settings) -> dict[str, list[str]]:
+    return inspect(settings, lambda i, t: i.get_pk_constraint(t)["constrained_columns"])
+
+
+def check_merchant_keys(settings: Settings, sql: Callable[[str], list[Any]]) -> None:
+    keys = primary_keys(settings)
+    for table, columns in MERCHANT_KEYS.items():
+        assert keys[table] == columns, table
+    # SQLite numbers only a one-column INTEGER primary key by itself (the relay orders by it)
+    assert keys["outbox_event"] == (["id"] if settings.is_sqlite else ["merchant_id", "id"])
+    uniques = inspect(settings, lambda i, t: i.get_unique_constraints(t))["outbox_event"]
+    assert sorted(u["column_names"] for u in uniques) == [
+        ["merchant_id", "event_id"],
+        ["merchant_id", "seq"],
+    ]
+    for table in ("ledger_entry", "request_event", "outbox_event", '"transaction"'):
+        assert sql(f"SELECT count(*) FROM {table}")[0][0] == 1, table
+    uniques = inspect(settings, lambda i, t: i.get_unique_constraints(t))["request_event"]
+    assert [u["column_names"] for u in uniques] == [["event_id"]]  # the writer's (not Citus)
+    owners = dict(sql("SELECT issuer_key, merchant_id FROM issuer_authorization"))
+    assert owners == {issuer_key("mer_a", "k1"): "mer_a", "orphan": ""}
+
+
+def down_and_up_again(settings: Settings, sql: Callable[[str], list[Any]]) -> None:
+    """Down to 0004 (the old keys, every row kept), then up again: the same result."""
+    command.downgrade(alembic_config(settings), "0004")
+    keys = primary_keys(settings)
+    assert keys["ledger_entry"] == ["entry_id"]
+    assert keys["issuer_authorization"] == ["issuer_key"]
+    assert sql("SELECT count(*) FROM issuer_authorization")[0][0] == 2
+    migrate(settings)
+    check_merchant_keys(settings, sql)
+    migrate(settings)  # at head: nothing to do, nothing changes
+    check_merchant_keys(settings, sql)
+
+
+def test_0008_puts_the_merchant_in_every_key_on_postgres(tmp_path: Path) -> None:
+    name = create_database("idempay_mig")
+    try:
+        settings = Settings(database_url=pg_url(name), var_dir=tmp_path / "var")
+        sql = upgrade_with_rows(settings)
+        check_merchant_keys(settings, sql)
+        down_and_up_again(settings, sql)
+    finally:
+        drop_database(name)
+
+
+def test_0008_puts_the_merchant_in_every_key_on_sqlite(tmp_path: Path) -> None:
+    settings = Settings(database_url=None, var_dir=tmp_path / "var")
+    sql = upgrade_with_rows(settings)
+    check_merchant_keys(settings, sql)
+    down_and_up_again(settings, sql)
+
+
+def test_every_table_has_a_place_on_citus() -> None:
+    """A new table must be placed (distributed by merchant, reference, or left on the
+    coordinator) before ``idempay migrate`` can put it on Citus; a distributed one has
+    merchant_id in its primary key and in every unique constraint."""
+    placed = set(DISTRIBUTED) | set(REFERENCE) | set(LOCAL)
+    assert set(Base.metadata.tables) <= placed, set(Base.metadata.tables) - placed
+    assert not set(DISTRIBUTED) & set(REFERENCE)
+    for name in DISTRIBUTED:
+        table = Base.metadata.tables[name]
+        assert "merchant_id" in table.primary_key.columns, name
+        for constraint in table.constraints:
+            if constraint.name in DROPPED_ON_CITUS.get(name, ()):
+                continue  # plain Postgres and SQLite only
+            if isinstance(constraint, sa.UniqueConstraint):
+                assert "merchant_id" in constraint.columns, (name, constraint.name)
