@@ -124,6 +124,18 @@ def recover_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | No
     return Recovered(key, JournalState.RESOLVED, transaction, None)
 
 
+LOOKUP_WAIT_S = 8  # Prefer: wait on in-doubt lookups (contract §2.8), at most this long
+LOOKUP_WAIT_MARGIN_S = 2  # and this much inside the request's own timeout
+
+
+def lookup_wait(timeout: float) -> dict[str, str]:
+    """``Prefer: wait=N`` for an in-doubt lookup: a key in flight is answered when it settles
+    instead of 202 + Retry-After + another lookup (contract §2.8). N stays inside the
+    request's timeout (which itself shrinks to the payment's deadline); none below 1 s."""
+    seconds = int(min(LOOKUP_WAIT_S, timeout - LOOKUP_WAIT_MARGIN_S))
+    return {"Prefer": f"wait={seconds}"} if seconds >= 1 else {}
+
+
 def drive(run: Run, *, start: Phase, free_pass: bool = False) -> Steps[Transaction]:
     """Create / look up until a definitive answer or the deadline, then fence."""
     ctx = run.ctx
@@ -143,7 +155,9 @@ def drive(run: Run, *, start: Phase, free_pass: bool = False) -> Steps[Transacti
                 if _sells_offline(run):
                     return (yield from store_offline(run))
         else:
-            reply = yield from send(ctx, "GET", run.path(), timeout=timeout)
+            reply = yield from send(
+                ctx, "GET", run.path(), timeout=timeout, headers=lookup_wait(timeout)
+            )
         action = next_action(phase, reply, now=ctx.now(), expect=run.expect)
         if isinstance(action, Finish):
             return (yield from finish(run, action))
