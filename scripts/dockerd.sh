@@ -73,6 +73,10 @@ case "${1:-}" in
     mkdir -p "$data_root" "$exec_root" "$(dirname "$log")"
     echo '{}' >"$exec_root.json"  # its own (empty) config: /etc/docker/daemon.json is not read
     rm -f "$sock"
+    # dockerd 20.10 writes an identity key to /etc/docker/key.json whatever its roots: if it
+    # is not there yet, it is this engine's, and purge removes it (and /etc/docker if new).
+    [ -d /etc/docker ] || touch "$data_root/.made-etc-docker"
+    [ -e /etc/docker/key.json ] || touch "$data_root/.made-etc-docker-key.json"
     setsid dockerd \
       --config-file "$exec_root.json" \
       --data-root "$data_root" --exec-root "$exec_root" --pidfile "$pidfile" \
@@ -110,6 +114,8 @@ case "${1:-}" in
       if findmnt -rn -o TARGET | grep -qE "^($data_root|$exec_root)(/|$)"; then
         echo "dockerd.sh: mounts remain under $data_root or $exec_root: not removed" >&2; exit 1
       fi
+      [ ! -e "$data_root/.made-etc-docker-key.json" ] || rm -f /etc/docker/key.json
+      [ ! -e "$data_root/.made-etc-docker" ] || rmdir /etc/docker 2>/dev/null || true
       rm -rf "$data_root" "$exec_root"
       echo "dockerd.sh: removed $data_root and $exec_root"
     fi

@@ -59,7 +59,10 @@ echo "killed api-1 ($victim) $((SECONDS - start)) s into the fleet"
 sleep 3
 docker start "$victim" >/dev/null
 rc=0; wait "$fleet" || rc=$?
-grep -E "terminals ×|payments |approved|declined|duplicates|lost|in-doubt|payments/s|invariant|all invariants|FAIL" "$out/simulate.log" | tr -d '│┃' | sed 's/  */ /g'
+# The summary lines of the simulator's table, without its box-drawing characters (sed in a
+# UTF-8 locale: `tr` works on bytes and cut them in half).
+grep -E "terminals ×|payments |approved|declined|duplicates|lost|in-doubt|payments/s|invariant|all invariants|FAIL" "$out/simulate.log" \
+  | grep -v '^fleet ' | LC_ALL=C.UTF-8 sed -E 's/[│┃━─]+//g; s/ +/ /g; s/^ //; s/ $//' || true
 echo "fleet: exit $rc after $((SECONDS - start)) s"
 [ "$rc" = 0 ] || exit "$rc"
 
