@@ -10,13 +10,15 @@ queue on the database lock instead of failing a lock upgrade half-way.
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, MetaData, event
+from sqlalchemy import DateTime, MetaData, event, make_url
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -63,13 +65,25 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def create_engine(settings: Settings) -> AsyncEngine:
+def split_budget(db_pool_size: int) -> tuple[int, int]:
+    """``IDEMPAY_DB_POOL_SIZE`` shared by a serving worker's two pools: (the engine's, the hot
+    path's ``DriverPool``). The hot path — every create, replay and lookup — gets three
+    quarters; the engine keeps the rest (at least one) for the general path, the completer,
+    the request-event flush and the operator's statements. A budget of 1 still opens one of
+    each (2 connections)."""
+    engine = max(1, round(db_pool_size / 4))
+    return engine, max(1, db_pool_size - engine)
+
+
+def create_engine(settings: Settings, *, pool_size: int | None = None) -> AsyncEngine:
+    """The SQLAlchemy engine; ``pool_size`` overrides ``IDEMPAY_DB_POOL_SIZE`` (a serving
+    worker passes the engine's share of the budget, ``split_budget``)."""
     url = settings.resolved_database_url
     if settings.is_sqlite:
         return _sqlite_engine(url)
     return create_async_engine(
         url,
-        pool_size=settings.db_pool_size,
+        pool_size=pool_size or settings.db_pool_size,
         max_overflow=0,  # overflow connections churn, and each new one re-prepares statements
         pool_timeout=settings.db_timeout,
         pool_pre_ping=False,
@@ -140,3 +154,155 @@ async def insert_if_absent(conn: AsyncConnection, model: Any, values: dict[str, 
     """
     result = await conn.execute(_insert_ignore(model.__table__, conn.dialect.name), values)
     return bool(result.rowcount)
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("no database connection freed up in time"))
+
+
+class PoolClosedError(ConnectionError):
+    """The pool was closed (the server is shutting down)."""
+
+
+class DriverPool:
+    """asyncpg connections of the hot path, without SQLAlchemy's checkout and check-in.
+
+    The create, replay and lookup of ``api/transactions/pg_create.py`` each run one prepared
+    statement in autocommit: the statement is its own transaction, so a connection comes back
+    with nothing to reset, and taking one is a ``list.pop`` while one is idle. At most
+    ``size`` connections are open (its share of ``IDEMPAY_DB_POOL_SIZE``, ``split_budget``);
+    they are opened on demand with the engine's connect arguments (the same URL, hosts,
+    ``target_session_attrs``, SSL), and a caller finding none idle waits up to ``timeout``
+    (``IDEMPAY_DB_TIMEOUT``) in line, first come first served.
+
+    ``discard(conn, outage=…)`` closes a connection instead of keeping it: the caller's
+    statement was cut short, or failed for want of storage (``api.storage_errors``). An
+    outage also retires every idle connection opened before it: after a
+    Postgres restart or a failover they are all dead or on a demoted node, and the next
+    requests would otherwise each fail once on one of them (what SQLAlchemy does on a
+    disconnect, too). ``close`` (the app's shutdown) closes the idle ones and every one
+    handed back afterwards."""
+
+    def __init__(self, url: str, size: int, *, timeout: float, command_timeout: float = 30) -> None:
+        from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+
+        dialect = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
+        _args, connect_args = dialect.create_connect_args(make_url(url))  # type: ignore[no-untyped-call]
+        connect_args.pop("async_creator_fn", None)
+        connect_args.pop("prepared_statement_name_func", None)
+        cache = connect_args.pop("prepared_statement_cache_size", None)
+        if cache is not None:  # e.g. 0 behind a transaction-pooling proxy
+            connect_args["statement_cache_size"] = int(cache)
+        self._connect_args = {
+            **connect_args,
+            "timeout": timeout,
+            "command_timeout": command_timeout,
+        }
+        self.size = size
+        self.timeout = timeout
+        self._idle: list[tuple[Any, int]] = []  # (connection, generation), most recent last
+        self._waiters: deque[asyncio.Future[Any]] = deque()
+        self._open = 0
+        self._generation = 0
+        self._closed = False
+
+    @property
+    def open(self) -> int:
+        """Connections open now (idle and in use)."""
+        return self._open
+
+    async def acquire(self) -> Any:
+        """An open connection; raises ``TimeoutError`` when none frees up within
+        ``timeout``, the driver's error when a new one cannot be opened."""
+        if self._closed:
+            raise PoolClosedError("the connection pool is closed")
+        while self._idle:
+            conn, generation = self._idle.pop()
+            if generation == self._generation and not conn.is_closed():
+                return conn
+            self._discard(conn)
+        if self._open < self.size:
+            return await self._connect()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        expiry = loop.call_later(self.timeout, _expire, waiter)  # cheaper than a timeout scope
+        try:
+            conn = await waiter
+        except BaseException:
+            if not waiter.done():
+                waiter.cancel()
+            elif not waiter.cancelled() and waiter.exception() is None:
+                given = waiter.result()  # handed to us just as we gave up: pass it on
+                if given is None:
+                    self._wake_for_new()
+                else:
+                    self._hand_back(given)
+            raise
+        finally:
+            expiry.cancel()
+        return conn if conn is not None else await self._connect()
+
+    async def _connect(self) -> Any:
+        import asyncpg
+
+        self._open += 1
+        try:
+            return await asyncpg.connect(**self._connect_args)
+        except BaseException:
+            self._open -= 1
+            self._wake_for_new()
+            raise
+
+    def release(self, conn: Any) -> None:
+        """Hand ``conn`` back: to the next waiter, or idle."""
+        self._hand_back(conn)
+
+    def discard(self, conn: Any, *, outage: bool) -> None:
+        """Close ``conn`` instead of keeping it (a statement cut short, or storage failing);
+        ``outage``: retire the idle connections opened before this failure too."""
+        if outage:
+            self._generation += 1
+        self._discard(conn)
+
+    def _hand_back(self, conn: Any) -> None:
+        if self._closed or conn.is_closed():
+            self._discard(conn)
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        self._idle.append((conn, self._generation))
+
+    def _discard(self, conn: Any) -> None:
+        self._open -= 1
+        if not conn.is_closed():
+            conn.terminate()
+        self._wake_for_new()
+
+    def _wake_for_new(self) -> None:
+        """A slot freed up: the next waiter opens a connection of its own (``None``)."""
+        if self._closed:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn, _generation in idle:
+            self._open -= 1
+            with suppress(Exception):
+                await conn.close(timeout=2)
+            if not conn.is_closed():
+                conn.terminate()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(PoolClosedError("the connection pool is closed"))

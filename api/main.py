@@ -11,7 +11,6 @@ from typing import Any
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.auth import Authenticator
 from api.config import Settings
 from api.context import AppContext
-from api.db import create_engine
+from api.db import DriverPool, create_engine, split_budget
 from api.docs_page import mount_docs
 from api.errors import ApiError, ValidationFailedError, problem_response, unexpected
 from api.events.writer import EventWriter
@@ -92,14 +91,17 @@ def create_redis(settings: Settings) -> Any | None:
     return aioredis.Redis(connection_pool=pool)
 
 
-def inline_writer(settings: Settings, engine: AsyncEngine) -> InlineWriter | None:
+def inline_writer(settings: Settings) -> InlineWriter | None:
     """The one-write create's storage (api/transactions/inline.py): a prepared statement on
-    the engine's asyncpg connections, or SQLite's group-commit writer thread (not for
-    ``:memory:``)."""
+    the hot path's own asyncpg pool (its share of ``IDEMPAY_DB_POOL_SIZE``, ``split_budget``),
+    or SQLite's group-commit writer thread (not for ``:memory:``). Closed by the lifespan
+    after the last request (``service.inline.close()``)."""
     if not settings.is_sqlite:
         from api.transactions.pg_create import PgInline
 
-        return PgInline(engine)
+        _engine_share, hot_share = split_budget(settings.db_pool_size)
+        pool = DriverPool(settings.resolved_database_url, hot_share, timeout=settings.db_timeout)
+        return PgInline(pool)
     path = settings.resolved_database_url.split("///", 1)[1]
     if not path or path == ":memory:":
         return None
@@ -109,7 +111,8 @@ def inline_writer(settings: Settings, engine: AsyncEngine) -> InlineWriter | Non
 
 
 def build_context(settings: Settings) -> AppContext:
-    engine = create_engine(settings)
+    engine_share, _hot_share = split_budget(settings.db_pool_size)
+    engine = create_engine(settings, pool_size=engine_share)
     issuer = SimulatedIssuer(engine, slow_seconds=settings.issuer_slow_seconds)
     redis = create_redis(settings)
     cache = ResponseCache(
@@ -123,7 +126,7 @@ def build_context(settings: Settings) -> AppContext:
         settings=settings,
         engine=engine,
         service=TransactionService(
-            engine, issuer, settings, cache=cache, inline=inline_writer(settings, engine)
+            engine, issuer, settings, cache=cache, inline=inline_writer(settings)
         ),
         auth=Authenticator(engine),
         limiter=RateLimiter(

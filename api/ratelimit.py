@@ -97,6 +97,25 @@ class BoundedWindows:
         remaining = max(0, item.amount - math.floor(self._weighted(item, previous, current)))
         return WindowStats((index + 1) * item.get_expiry(), remaining)
 
+    def hit_now(self, identity: str, amount: int, expiry: int) -> float | None:
+        """``hit`` for an identity already built (``item.key_for(*identifiers)``), in one call:
+        the window's reset time (unix s) when over the limit — what ``get_window_stats``
+        answers then — else None. The request path's rate limits (``RateLimiter``)."""
+        now = time.time()
+        index = int(now // expiry)
+        windows = self._windows
+        start, previous, current = windows.get(identity, (index, 0, 0))
+        if start == index - 1:
+            previous, current = current, 0
+        elif start != index:
+            previous, current = 0, 0
+        allowed = previous * (expiry - now % expiry) / expiry + current + 1 <= amount
+        windows[identity] = (index, previous, current + allowed)
+        windows.move_to_end(identity)
+        if len(windows) > self.capacity:
+            windows.popitem(last=False)
+        return None if allowed else float((index + 1) * expiry)
+
 
 def _storage(redis_url: str, prefix: str) -> Storage:
     remote = storage_from_string(f"async+{redis_url}", implementation="redispy", key_prefix=prefix)
@@ -124,6 +143,17 @@ class _Window:
     async def hit(self, item: RateLimitItem, *identifiers: str) -> float | None:
         """Count one hit; the window's reset time (unix s) when over the limit, else None."""
         return await self._ask("hit", item, identifiers)
+
+    async def hit_key(self, item: RateLimitItem, identity: str, *identifiers: str) -> float | None:
+        """``hit`` with the identity (``item.key_for(*identifiers)``) built by the caller:
+        on memory one call, no key building; on Redis the library's own path."""
+        if self._remote is not None and time.monotonic() >= self._open_until:
+            return await self._ask("hit", item, identifiers)
+        try:
+            return self.local.hit_now(identity, item.amount, item.get_expiry())
+        except Exception as exc:  # memory itself failed: let the request through
+            log.warning(f"{self._name}_failed", error=type(exc).__name__)
+            return None
 
     async def test(self, item: RateLimitItem, *identifiers: str) -> float | None:
         """Like ``hit`` without counting: the reset time when over the limit, else None."""
@@ -170,26 +200,58 @@ def _retry_after(reset: float) -> int:
 
 
 class RateLimiter:
+    """Per API key and per (API key, terminal). The limits' keys are built once per API key
+    (``_Keys``), not per request: the request path only looks them up."""
+
     def __init__(
         self, *, per_key: str, per_terminal: str, redis_url: str | None, prefix: str
     ) -> None:
         self._window = _Window(redis_url, prefix, "rate_limit")
         self._per_key: RateLimitItem = parse(per_key)
         self._per_terminal: RateLimitItem = parse(per_terminal)
+        self._keys: dict[str, _Keys] = {}
+
+    def _keys_of(self, key_hash: str) -> _Keys:
+        keys = self._keys.get(key_hash)
+        if keys is None:
+            if len(self._keys) >= KEYS_CACHED:
+                self._keys.clear()
+            keys = self._keys[key_hash] = _Keys(key_hash[:16], self._per_key, self._per_terminal)
+        return keys
 
     async def check(self, key_hash: str, terminal_id: str | None = None) -> None:
         """Count one request against the API key's window; or, given a ``terminal_id`` (the
         create's second call, once its body is read), against that terminal's window only —
         a create is one request of its key, never two."""
+        keys = self._keys_of(key_hash)
         if terminal_id is None:
-            await self._hit(self._per_key, "key", key_hash[:16])
+            item = self._per_key
+            reset = await self._window.hit_key(item, keys.key, "key", keys.short)
         elif terminal_id:
-            await self._hit(self._per_terminal, "terminal", key_hash[:16], terminal_id)
-
-    async def _hit(self, item: RateLimitItem, *identifiers: str) -> None:
-        reset = await self._window.hit(item, *identifiers)
+            item = self._per_terminal
+            identity = keys.terminal_head + terminal_id + keys.terminal_tail
+            reset = await self._window.hit_key(item, identity, "terminal", keys.short, terminal_id)
+        else:
+            return
         if reset is not None:
             raise rate_limited(item, _retry_after(reset))
+
+
+KEYS_CACHED = 10_000  # API keys whose limit keys are kept built (then rebuilt from scratch)
+
+
+class _Keys:
+    """One API key's limit keys, as ``limits`` builds them (``RateLimitItem.key_for``): the
+    per-key one whole, the per-terminal one around the terminal id."""
+
+    __slots__ = ("key", "short", "terminal_head", "terminal_tail")
+
+    def __init__(self, short: str, per_key: RateLimitItem, per_terminal: RateLimitItem) -> None:
+        self.short = short
+        self.key = per_key.key_for("key", short)
+        marker = "\x00"
+        head, tail = per_terminal.key_for("terminal", short, marker).split(marker)
+        self.terminal_head, self.terminal_tail = head, tail
 
 
 class AuthFailureLimiter:

@@ -1,10 +1,14 @@
 """Request events (contract §5): one per request, appended through a bounded in-memory queue
 and flushed in batches by a background task, so the request path never waits on them.
 
-Each event gets its ``event_id`` when it is recorded, and the flush inserts with
-``ON CONFLICT (event_id) DO NOTHING``: a batch retried after an error — even one whose
-COMMIT succeeded and whose reply was lost — lands once. A flush that fails or is
-cancelled puts its batch back on the queue.
+The request path only appends its ``Event`` to the queue; the writer builds the rows. Each
+event gets its ``event_id`` when a flush first takes it (unless it came with one), and the
+flush inserts with ``ON CONFLICT (event_id) DO NOTHING``: a batch retried after an error —
+even one whose COMMIT succeeded and whose reply was lost — lands once, because a flush that
+fails or is cancelled puts its batch back on the queue as the rows it built, ids included.
+On Postgres a batch is one ``INSERT … SELECT FROM unnest(…)`` statement (one array per
+column, an asyncpg prepared statement on a connection of the engine's pool, in its own
+transaction); on SQLite one executemany in a transaction.
 
 Shutdown (``close``) stops the periodic loop, lets a flush under way finish and drains the
 queue — retrying a flush that fails, e.g. while the database restarts — within a deadline;
@@ -19,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from dataclasses import asdict, dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -58,10 +63,6 @@ class RequestOutcome(StrEnum):
     NOT_RECORDED = ""  # no request event: a lookup or abort refused before it named a key
 
 
-def _new_event_id() -> str:
-    return str(uuid.uuid4())
-
-
 @dataclass(frozen=True, slots=True)
 class Event:
     ts: datetime
@@ -74,7 +75,42 @@ class Event:
     attempt: int | None
     network: str | None
     latency_ms: float
-    event_id: str = field(default_factory=_new_event_id)  # minted once, when recorded
+    event_id: str | None = None  # None: minted by the writer when a flush first takes it
+
+
+COLUMNS = (
+    "event_id", "ts", "merchant_id", "terminal_id", "idempotency_key", "endpoint", "outcome",
+    "http_status", "attempt", "network", "latency_ms",
+)  # fmt: skip
+Row = tuple[Any, ...]  # one value per column of COLUMNS
+
+# One statement per batch on Postgres: a column per array, ids decided before the first try.
+PG_INSERT = """INSERT INTO request_event (event_id, ts, merchant_id, terminal_id,
+  idempotency_key, endpoint, outcome, http_status, attempt, network, latency_ms)
+SELECT * FROM unnest($1::varchar[], $2::timestamptz[], $3::varchar[], $4::varchar[],
+  $5::varchar[], $6::varchar[], $7::varchar[], $8::int[], $9::int[], $10::varchar[],
+  $11::float8[])
+ON CONFLICT (event_id) DO NOTHING
+"""
+
+
+def _row(item: Event | Row) -> Row:
+    """The row of a queued event; a row put back by a failed flush is already one."""
+    if not isinstance(item, Event):
+        return item
+    return (
+        item.event_id or str(uuid.uuid4()),
+        item.ts,
+        item.merchant_id,
+        item.terminal_id,
+        item.idempotency_key,
+        item.endpoint,
+        str(item.outcome),
+        item.http_status,
+        item.attempt,
+        item.network,
+        item.latency_ms,
+    )
 
 
 def _insert_once(dialect: str) -> Any:
@@ -94,38 +130,55 @@ class EventWriter:
         self._engine = engine
         self._batch_size = batch_size
         self._interval = interval
-        self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=max_queue)
+        self._max_queue = max_queue
+        self._queue: deque[Event | Row] = deque()
+        self._postgres = engine.dialect.name == "postgresql"
         self._insert = _insert_once(engine.dialect.name)
         self._closing = asyncio.Event()
 
-    def record(self, event: Event) -> None:
-        try:
-            self._queue.put_nowait(event)
-        except asyncio.QueueFull:
+    def record(self, event: Event | Row) -> None:
+        """Queue one event (the request path's only cost); a full queue drops it, counted."""
+        if len(self._queue) >= self._max_queue:
             EVENTS_DROPPED.inc()
+            return
+        self._queue.append(event)
 
     async def flush(self) -> int:
-        batch: list[Event] = []
-        while len(batch) < self._batch_size and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
-        if not batch:
+        queue = self._queue
+        taken = min(self._batch_size, len(queue))
+        if not taken:
             return 0
-        rows = [asdict(event) for event in batch]
+        rows = [_row(queue.popleft()) for _ in range(taken)]
         try:
-            async with atomic(self._engine) as conn:
-                await conn.execute(self._insert, rows)
+            await (self._insert_pg(rows) if self._postgres else self._insert_rows(rows))
         except Exception as exc:  # storage down: put them back, try on the next tick
             log.warning("event_flush_failed", error=type(exc).__name__, events=len(rows))
-            self._put_back(batch)
+            self._put_back(rows)
             return 0
         except BaseException:  # cancelled mid-INSERT: the batch goes back, same ids
-            self._put_back(batch)
+            self._put_back(rows)
             raise
         return len(rows)
 
-    def _put_back(self, batch: list[Event]) -> None:
-        for event in batch:
-            self.record(event)
+    async def _insert_pg(self, rows: list[Row]) -> None:
+        pooled = await self._engine.raw_connection()
+        try:
+            driver: Any = pooled.driver_connection
+            async with driver.transaction():  # BEGIN, the INSERT, COMMIT: per batch, not event
+                await driver.execute(PG_INSERT, *zip(*rows, strict=True))
+        except BaseException as exc:  # never hand a failed or cut-short connection out again
+            pooled.invalidate(exc if isinstance(exc, Exception) else None)
+            raise
+        finally:
+            pooled.close()
+
+    async def _insert_rows(self, rows: list[Row]) -> None:
+        async with atomic(self._engine) as conn:
+            await conn.execute(self._insert, [dict(zip(COLUMNS, row, strict=True)) for row in rows])
+
+    def _put_back(self, rows: list[Row]) -> None:
+        for row in rows:
+            self.record(row)
 
     async def run_forever(self) -> None:
         """Flush every ``interval`` until ``close``; then drain what is queued."""
@@ -141,7 +194,7 @@ class EventWriter:
         the process shuts down) is retried after a pause instead of giving the queue up:
         ``close`` bounds the whole drain by its deadline."""
         pause = DRAIN_RETRY_SECONDS
-        while not self._queue.empty():
+        while self._queue:
             if await self.flush() == 0:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
@@ -162,7 +215,7 @@ class EventWriter:
         except Exception as exc:  # the runner died: still report what is left
             log.warning("event_writer_failed", error=type(exc).__name__)
         await asyncio.gather(runner, return_exceptions=True)
-        left = self._queue.qsize()
+        left = len(self._queue)
         if left:
             log.warning("events_lost_at_shutdown", events=left, deadline_s=deadline)
         return left

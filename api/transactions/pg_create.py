@@ -1,9 +1,10 @@
 """The one-write create on Postgres: one data-modifying-CTE statement per create.
 
-An asyncpg prepared statement, run on the driver connection of a connection from the
-engine's own pool (one pool, one connection budget: ``IDEMPAY_DB_POOL_SIZE``), in
-autocommit: the statement is its own transaction, committed with ``synchronous_commit`` on
-before ``fetchval`` returns. ``k`` inserts the key row
+An asyncpg prepared statement, run on a connection of the hot path's own pool
+(``api.db.DriverPool``: three quarters of ``IDEMPAY_DB_POOL_SIZE``, the engine keeps the
+rest — one budget; no SQLAlchemy checkout and check-in per request), in autocommit: the
+statement is its own transaction, committed with ``synchronous_commit`` on before
+``fetchrow`` returns. ``k`` inserts the key row
 (``ON CONFLICT DO NOTHING``); every other insert selects ``FROM k`` (or from ``t``), so a
 key that exists writes nothing at all, and a concurrent duplicate waits on the unique index
 for the first one's commit and then writes nothing (contract §3.2). Any error rolls the whole
@@ -14,6 +15,12 @@ it, and the caller reads the row afterwards.
 
 The key reads of the hot path (replay, lookup, abort, reversal) use the same pool: one
 prepared ``SELECT`` in autocommit, no BEGIN/ROLLBACK, no SQLAlchemy.
+
+Errors: a pool that cannot give a connection in ``IDEMPAY_DB_TIMEOUT`` (or open one) and a
+statement failing for want of storage (``api.storage_errors.storage_unavailable``) raise
+``StorageUnavailableError`` (503, nothing acknowledged); the connection of the latter is
+closed and the idle ones retired. Any other statement error is a bug (500) and leaves the
+connection usable; a statement cut short (cancelled) closes its connection.
 """
 
 from __future__ import annotations
@@ -21,9 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from api.db import utcnow
+from api.db import DriverPool, utcnow
 from api.idempotency.store import KeyRecord
 from api.storage_errors import storage_unavailable
 from api.transactions.inline import (
@@ -77,23 +83,28 @@ READ_TRANSACTION = (
 
 
 class PgInline:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, pool: DriverPool) -> None:
+        self.pool = pool
 
     async def _call(self, method: str, statement: str, *args: Any) -> Any:
+        pool = self.pool
         try:
-            pooled = await self._engine.raw_connection()
-        except Exception as exc:  # pool timeout, connect refused: SQLAlchemy's own errors
+            conn = await pool.acquire()
+        except Exception as exc:  # no connection in time, connect refused, pool closed
             raise StorageUnavailableError(type(exc).__name__) from exc
         try:
-            return await getattr(pooled.driver_connection, method)(statement, *args)
+            result = await getattr(conn, method)(statement, *args)
         except Exception as exc:
             if not storage_unavailable(exc):
-                raise  # a statement error: a bug, not an outage (500)
-            pooled.invalidate(exc)  # never hand a broken connection back to the pool
+                pool.release(conn)  # a statement error: a bug, not an outage (500)
+                raise
+            pool.discard(conn, outage=True)  # never hand a broken connection out again
             raise StorageUnavailableError(type(exc).__name__) from exc
-        finally:
-            pooled.close()  # back to the pool: autocommit left no transaction to roll back
+        except BaseException:
+            pool.discard(conn, outage=False)  # cut short mid-statement: not reusable
+            raise
+        pool.release(conn)  # autocommit left no transaction to roll back
+        return result
 
     async def create(self, rows: InlineCreate) -> KeyRecord | bool:
         txn, ledger, event = rows.txn, rows.ledger or {}, rows.event
@@ -126,4 +137,5 @@ class PgInline:
         return StoredTransaction(*row) if row is not None else None
 
     async def close(self) -> None:
-        """Nothing of its own: the engine's pool is disposed with the engine."""
+        """Close the pool's connections (the app's shutdown, after the last request)."""
+        await self.pool.close()
