@@ -106,11 +106,12 @@ case "${1:-}" in
     fi
     rm -f "$pidfile" "$sock" "$exec_root.json"
     if [ "$1" = purge ]; then
-      # dockerd leaves its bind mount of the host's network namespace (EXEC_ROOT/netns/default)
-      # behind when it exits; it is its own, so it goes. Then never remove a directory
-      # something is still mounted under.
-      findmnt -rn -o TARGET,FSTYPE | awk -v d="$exec_root/netns/" 'index($1, d) == 1 && $2 == "nsfs" { print $1 }' \
-        | while read -r target; do umount "$target"; done
+      # What dockerd leaves mounted once stopped is its own: the bind mount of the host's
+      # network namespace (EXEC_ROOT/netns/default), always; the data root bound on itself
+      # when a start fails. Unmounted deepest first. Then never remove a directory something
+      # is still mounted under.
+      findmnt -rn -o TARGET | grep -E "^($data_root|$exec_root)(/|$)" | sort -r \
+        | while read -r target; do umount "$target" || true; done
       if findmnt -rn -o TARGET | grep -qE "^($data_root|$exec_root)(/|$)"; then
         echo "dockerd.sh: mounts remain under $data_root or $exec_root: not removed" >&2; exit 1
       fi

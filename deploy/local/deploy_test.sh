@@ -68,6 +68,8 @@ cleanup() {
       stamp "dockerd PID $pid gone, no process of the private engine left"
     fi
   fi
+  # Not started (the not-run line said why): neither passed nor failed.
+  if [ -z "$pid" ] && [ "$rc" = 0 ]; then exit 0; fi
   if [ "$rc" = 0 ]; then stamp "PASSED"; else stamp "FAILED (exit $rc)"; fi
   exit "$rc"
 }
@@ -75,8 +77,12 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 stamp "starting the private dockerd"
-if ! "$dockerd_sh" start; then
-  not_run "dockerd does not start: $( (grep -iE 'level=(error|fatal)' "$IDEMPAY_DOCKER_LOG" || cat "$IDEMPAY_DOCKER_LOG") | tail -n1 | cut -c1-200)"
+if ! "$dockerd_sh" start 2>"$out/dockerd-start.err"; then
+  "$dockerd_sh" purge >/dev/null 2>&1 || true
+  [ "$mode" = --if-possible ] || cat "$out/dockerd-start.err" >&2
+  why="$(grep -E '^failed to start daemon|level=fatal' "$IDEMPAY_DOCKER_LOG" | tail -n1)"
+  [ -n "$why" ] || why="$(tail -n1 "$out/dockerd-start.err")"
+  not_run "dockerd does not start: ${why:0:200} ($IDEMPAY_DOCKER_LOG)"
 fi
 pid="$(cat "${IDEMPAY_DOCKER_EXEC_ROOT:-/run/idempay-docker}.pid")"
 
