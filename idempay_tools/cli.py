@@ -43,6 +43,14 @@ def simulate(
     url: Annotated[str | None, typer.Option(help="A running server (default: start one).")] = None,
     api_key: Annotated[str | None, typer.Option(help="API key for --url.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for faults, cards and jitter.")] = 1,
+    outage: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds the link is fully down for half the fleet (every terminal sells "
+            "under an offline policy: stored, then forwarded exactly once).",
+        ),
+    ] = 0.0,
     slow_share: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Share of tok_issuer_slow cards.")
     ] = 0.0,
@@ -74,6 +82,7 @@ def simulate(
         reboot_terminals=reboot_terminals,
         seed=seed,
         slow_share=slow_share,
+        outage_s=outage,
     )
     console = Console()
     result, report = run_simulation(config, start=url is None, console=console, audit_links=True)

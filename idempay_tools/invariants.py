@@ -8,12 +8,14 @@ terminals' journals, and returns an ``InvariantReport``:
 |----------------------------|---------------------------------------------------------------|
 | ``reported_exactly_once``  | a payment the SDK reported approved/declined/reversed with no |
 |                            | transaction (lost), more than one (duplicate), or another     |
-|                            | status; a payment reported aborted that has a transaction     |
+|                            | status; a payment reported aborted, or a stored one the       |
+|                            | server refused (REPORTED), that has a transaction             |
 | ``one_charge_per_key``     | a (merchant, transaction) with two ``charge`` ledger entries  |
 | ``charge_has_transaction`` | a ``charge`` ledger entry whose transaction does not exist    |
 | ``aborted_not_processed``  | an ``aborted`` idempotency key that has a transaction         |
-| ``journal_definitive``     | a journal entry not RESOLVED or ABORTED (or a payment         |
-|                            | reported ``in_doubt`` that no journal settled)                |
+| ``journal_definitive``     | a journal entry not RESOLVED, ABORTED or REPORTED (one left   |
+|                            | STORED, sold offline and never forwarded, included), or a     |
+|                            | payment reported ``in_doubt`` that no journal settled         |
 | ``ledger_balanced``        | per merchant and currency, Σ ledger ≠ approved purchases −    |
 |                            | approved refunds − reversals (signed)                         |
 | ``one_charge_per_sale``    | a sale (``metadata.sale_id`` in the journals) with more than  |
@@ -60,6 +62,7 @@ INVARIANTS = (
     "one_charge_per_sale",
 )
 PROCESSED = frozenset({"approved", "declined", "reversed"})
+NEVER = frozenset({"aborted", "refused"})  # claims of a payment that was never processed
 NOT_DEFINITIVE = frozenset({"open", "in_doubt"})
 _CHUNK = 500
 _MAX_VIOLATIONS = 50
@@ -127,6 +130,8 @@ def reported_from_journals(paths: Iterable[str | os.PathLike[str]]) -> dict[str,
 def _journal_outcome(state: JournalState, outcome: Mapping[str, Any] | None) -> str:
     if state is JournalState.ABORTED:
         return "aborted"
+    if state is JournalState.REPORTED:  # sold offline, refused for good: never processed
+        return "refused"
     if state is not JournalState.RESOLVED:
         return "open"
     status = (outcome or {}).get("status")
@@ -226,7 +231,7 @@ async def _check_reported(
     checker: _Checker,
     restored_away: Collection[str] = frozenset(),
 ) -> None:
-    keys = [key for key, claim in claims.items() if claim in PROCESSED or claim == "aborted"]
+    keys = [key for key, claim in claims.items() if claim in PROCESSED or claim in NEVER]
     found: dict[str, list[str]] = {}
     for start in range(0, len(keys), _CHUNK):
         chunk = keys[start : start + _CHUNK]
@@ -241,9 +246,9 @@ async def _check_reported(
         claim, statuses = claims[key], found.get(key, [])
         if key in restored_away and len(statuses) <= 1:
             continue  # the restore took it back (or it was processed again, once)
-        if claim == "aborted":
+        if claim in NEVER:
             if statuses:
-                checker.fail("reported_exactly_once", key, f"reported aborted, held {statuses}")
+                checker.fail("reported_exactly_once", key, f"reported {claim}, held {statuses}")
         elif len(statuses) > 1:
             checker.duplicates += 1
             checker.fail("reported_exactly_once", key, f"{len(statuses)} transactions")

@@ -57,12 +57,20 @@ from client_sdk import (
     JournalEntry,
     JournalError,
     JournalState,
+    OfflineLimitError,
     PaymentAborted,
     PaymentInDoubt,
 )
 from client_sdk.faults import FaultyTransport
 from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
 from idempay_tools.simulate_links import LinkLedger, LinkLossCheck
+from idempay_tools.simulate_outage import (
+    OUTAGE_POLICY,
+    OUTAGE_START_S,
+    OutageLink,
+    in_outage,
+    stored_left,
+)
 from idempay_tools.simulate_reboot import run_rebooting, sell_after_reboot
 
 if TYPE_CHECKING:  # the terminal subprocesses import only the SDK side of this module
@@ -99,6 +107,9 @@ class FleetConfig:
     abort_grace_s: float = 15.0
     terminal_prefix: str = "SIM"
     clock_skew_s: float = 0.0  # the terminals' clocks run this far from the true time
+    outage_s: float = 0.0  # --outage: the link fully down this long for part of the fleet
+    outage_share: float = 0.5  # the part of the fleet that loses its link
+    outage_start: float = 0.0  # unix time the outage starts (set by run_fleet)
 
     def __post_init__(self) -> None:
         if self.terminals < 1 or self.payments < 1:
@@ -139,6 +150,7 @@ class FleetResult:
     link: LinkLedger | None = None  # via the proxy: what it did with each key's creates
     merchant_id: str | None = None  # the fleet's merchant (set by the invariant check)
     link_loss: LinkLossCheck | None = None  # the audit's link loss against ``link``
+    stored_left: int = 0  # --outage: payments sold offline and never forwarded (must be 0)
 
     @property
     def payments(self) -> int:
@@ -219,8 +231,13 @@ def _card(rng: random.Random, config: FleetConfig) -> dict[str, str]:
     return {"token": f"tok_visa_{last4}", "last4": last4, "brand": "visa"}
 
 
-def _open_client(config: FleetConfig, index: int) -> tuple[Client, CountingTransport]:
+def _open_client(
+    config: FleetConfig, index: int
+) -> tuple[Client, CountingTransport, OutageLink | None]:
     inner: httpx.BaseTransport = httpx.HTTPTransport()
+    outage = None
+    if config.outage_s and in_outage(config.seed, index, config.terminals, config.outage_share):
+        inner = outage = OutageLink(inner, start=config.outage_start, seconds=config.outage_s)
     if not config.via_proxy and config.loss > 0:
         inner = FaultyTransport(
             inner,
@@ -244,8 +261,9 @@ def _open_client(config: FleetConfig, index: int) -> tuple[Client, CountingTrans
         abort_grace_s=config.abort_grace_s,
         seed=_seed(config, index, "sdk"),
         clock=(lambda: time.time() + skew) if skew else None,
+        offline=OUTAGE_POLICY if config.outage_s else None,
     )
-    return client, counting
+    return client, counting, outage
 
 
 class Terminal:
@@ -253,8 +271,9 @@ class Terminal:
 
     def __init__(self, config: FleetConfig, index: int, *, rebooted: bool = False) -> None:
         self.config = config
-        self.client, self._counting = _open_client(config, index)
+        self.client, self._counting, self._outage = _open_client(config, index)
         self._rng = random.Random(_seed(config, index, f"cards:{rebooted}"))
+        self._offline: list[str] = []  # keys this terminal sold offline
 
     @property
     def counts(self) -> Counter[str]:
@@ -263,7 +282,10 @@ class Terminal:
     @property
     def faults(self) -> dict[str, int]:
         inner = self._counting.inner
-        return inner.stats if isinstance(inner, FaultyTransport) else {}
+        faults = dict(inner.stats) if isinstance(inner, FaultyTransport) else {}
+        if self._outage is not None:
+            faults.update(self._outage.stats)
+        return faults
 
     def next_sale(self) -> Sale:
         """The next customer at the till: a sale id (unique, also across reboots, whose
@@ -288,6 +310,9 @@ class Terminal:
                 deadline_s=self.config.deadline_s,
                 metadata={"sale_id": sale.sale_id},
             )
+        except OfflineLimitError as exc:  # the link was down and the policy said no
+            self.counts["offline_refused"] += 1
+            return exc.key, "aborted"
         except PaymentAborted as exc:
             return exc.key, "aborted"
         except PaymentInDoubt as exc:
@@ -298,6 +323,9 @@ class Terminal:
             return self._newest(before), "journal_error"
         except sqlite3.Error:  # the journal failed (disk full) and the SDK let it out raw
             return self._newest(before), "storage_error"
+        if result.offline:  # stored: forwarded by a later sale or settle()
+            self.counts["offline_sales"] += 1
+            self._offline.append(result.id)
         return result.id, result.status
 
     def _newest(self, before: int) -> str:
@@ -309,8 +337,11 @@ class Terminal:
         return entries[-1].key if len(entries) > before else ""
 
     def settle(self) -> dict[str, str]:
-        """recover() what is left in doubt, like the terminal's next boot (bounded)."""
+        """recover() what is left in doubt, like the terminal's next boot (bounded); a
+        terminal in the outage first waits for its link to come back."""
         settled: dict[str, str] = {}
+        if self._outage is not None:
+            time.sleep(max(0.0, self._outage.start + self._outage.seconds - time.time()))
         for _ in range(RECOVER_PASSES):
             if not self.client.journal.unresolved():
                 break
@@ -323,7 +354,23 @@ class Terminal:
                     settled[item.key] = "rejected"
                 else:
                     settled[item.key] = "in_doubt"
+        settled.update(self._forwarded())
         return settled
+
+    def _forwarded(self) -> dict[str, str]:
+        """What became of the sales stored offline: the server's status once forwarded
+        (an issuer may decline what the terminal accepted), ``refused`` when REPORTED."""
+        found: dict[str, str] = {}
+        for key in self._offline:
+            entry = self.client.journal.get(key)
+            if entry is None or entry.state is JournalState.STORED:
+                continue  # still owed: the invariants report it
+            outcome = entry.outcome or {}
+            if entry.state is JournalState.REPORTED:
+                found[key] = "refused"
+            elif outcome.get("kind") == "transaction" and isinstance(outcome.get("status"), str):
+                found[key] = outcome["status"]
+        return found
 
     def close(self) -> None:
         self.client.close()
@@ -402,6 +449,8 @@ def run_fleet(config: FleetConfig, *, console: Console | None = None) -> FleetRe
     )
 
     config.workdir.mkdir(parents=True, exist_ok=True)
+    if config.outage_s and not config.outage_start:
+        config = replace(config, outage_start=time.time() + OUTAGE_START_S)
     result = FleetResult(journals=[config.journal(i) for i in range(config.terminals)])
     result.link = LinkLedger() if config.via_proxy else None
     progress = Progress(
@@ -424,6 +473,8 @@ def run_fleet(config: FleetConfig, *, console: Console | None = None) -> FleetRe
         result.elapsed_s = time.perf_counter() - started
         if proxy is not None:
             result.faults.update(proxy.stats)
+    if config.outage_s:
+        result.stored_left = stored_left(result.journals)
     return result
 
 

@@ -115,9 +115,14 @@ def describe(config: FleetConfig, result: FleetResult) -> str:
     link = "chaos proxy" if config.via_proxy else "fault transport"
     rebooting = config.kill_clients or config.reboot_terminals
     killed = f", {result.killed} killed and rebooted" if rebooting else ""
+    outage = (
+        f", link down {config.outage_s:g} s for {config.outage_share:.0%} of the fleet"
+        if config.outage_s
+        else ""
+    )
     return (
         f"{config.terminals} terminals × {config.payments} payments, "
-        f"loss {config.loss:.1%} via {link}{killed}, {result.elapsed_s:.1f} s"
+        f"loss {config.loss:.1%} via {link}{killed}{outage}, {result.elapsed_s:.1f} s"
     )
 
 
@@ -147,6 +152,13 @@ def render(config: FleetConfig, result: FleetResult, report: InvariantReport) ->
         rows += [
             ("clients killed", str(result.killed)),
             ("settled by recover() after kill", str(result.recovered)),
+        ]
+    if config.outage_s:
+        rows += [
+            ("sold offline", str(result.counts["offline_sales"])),
+            ("refused offline (limits)", str(result.counts["offline_refused"])),
+            ("connections refused (outage)", str(result.faults["outage_refused"])),
+            ("stored at end", str(result.stored_left)),
         ]
     if config.reboot_terminals:
         rows += [

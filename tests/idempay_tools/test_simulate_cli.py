@@ -334,3 +334,33 @@ async def _plant_aborted_with_transaction(url: str, merchant_id: str, key: str) 
             )
     finally:
         await engine.dispose()
+
+
+def test_simulate_with_an_outage_sells_offline_and_forwards_every_sale_once(
+    database: str, tmp_path: Path
+) -> None:
+    """``--outage``: half the fleet loses its link for 3 s and sells offline; every stored
+    sale is forwarded afterwards and processed exactly once (journal_definitive: none is
+    left STORED), under a lossy link as usual."""
+    run = simulate(
+        database,
+        tmp_path,
+        "--terminals",
+        "4",
+        "--payments",
+        "20",
+        "--loss",
+        "0.05",
+        "--outage",
+        "3",
+        "--seed",
+        "5",
+    )
+    assert_clean(run, payments=80)
+    assert run.count("sold offline") > 0
+    assert run.count("connections refused (outage)") > 0
+    assert run.count("stored at end") == 0
+    entries = [e for p in (tmp_path / "journals").glob("*.db") for e in Journal(p).entries()]
+    offline = [e for e in entries if e.outcome and (e.outcome.get("body") or {}).get("offline")]
+    assert len(offline) == run.count("sold offline")
+    assert all(e.state is JournalState.RESOLVED for e in offline)
