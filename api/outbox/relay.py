@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ from api.metrics import (
     OUTBOX_STREAM_MAXLEN,
     OUTBOX_STREAM_OLDEST_AGE,
 )
+from api.migrate import has_citus
 from api.models import MerchantOutboxSeq, OutboxEvent
+from api.outbox.writer import COMPLETED, REVERSED
 
 log = structlog.get_logger("idempay.relay")
 LOCK_ID = 0x1DE4_9A7  # pg advisory lock id for "the relay"
@@ -145,16 +148,7 @@ class Relay:
         ).all()
         if pending:
             return list(pending)
-        fresh = (
-            await conn.execute(
-                select(*_COLUMNS)
-                .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_(None))
-                .order_by(OutboxEvent.id)
-                .limit(self.batch)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-        numbered = await _number(conn, fresh)
+        numbered = await _number(conn, await _fresh(conn, self.batch))
         return sorted(numbered, key=lambda row: (row.merchant_id, row.seq))
 
     async def run_forever(
@@ -195,16 +189,63 @@ async def number_committed(engine: AsyncEngine, *, batch: int) -> int:
     async with atomic(engine) as conn:
         if not await _lead_this_transaction(conn):
             return 0
-        fresh = (
-            await conn.execute(
-                select(*_COLUMNS)
-                .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_(None))
-                .order_by(OutboxEvent.id)
-                .limit(batch)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-        return len(await _number(conn, fresh))
+        return len(await _number(conn, await _fresh(conn, batch)))
+
+
+_CAUSE = {REVERSED: COMPLETED}  # an event type → the type that must be numbered before it
+_ROW_LOCKS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+async def _fresh(conn: AsyncConnection, batch: int) -> list[Any]:
+    """The next committed, unnumbered events in the order to number them: by id, except
+    that an event comes after the events of its transaction it follows from (a reversal
+    after its completion), fetched into the batch if they are not in it. Ids follow commit
+    order on one Postgres, but not on Citus when rows are inserted on the workers (their
+    sequences hand out per-node ranges) or once a shard moved to another node."""
+    locks = await _row_locks(conn)
+    query = (
+        select(*_COLUMNS, OutboxEvent.type, OutboxEvent.transaction_id)
+        .where(OutboxEvent.sent_at.is_(None), OutboxEvent.seq.is_(None))
+        .order_by(OutboxEvent.id)
+        .limit(batch)
+    )
+    rows = list(await conn.execute(query.with_for_update(skip_locked=True) if locks else query))
+    have = {(r.merchant_id, r.transaction_id, r.type) for r in rows}
+    missing = {
+        (r.merchant_id, r.transaction_id, _CAUSE[r.type])
+        for r in rows
+        if r.type in _CAUSE and (r.merchant_id, r.transaction_id, _CAUSE[r.type]) not in have
+    }
+    for merchant_id, transaction_id, cause in sorted(missing):  # one merchant's shard each
+        earlier = select(*_COLUMNS, OutboxEvent.type, OutboxEvent.transaction_id).where(
+            OutboxEvent.merchant_id == merchant_id,
+            OutboxEvent.transaction_id == transaction_id,
+            OutboxEvent.type == cause,
+            OutboxEvent.sent_at.is_(None),
+            OutboxEvent.seq.is_(None),
+        )
+        rows += list(await conn.execute(earlier.with_for_update() if locks else earlier))
+    first = {(r.merchant_id, r.transaction_id, r.type): r.id for r in rows}
+
+    def position(row: Any) -> tuple[int, int]:
+        cause = first.get((row.merchant_id, row.transaction_id, _CAUSE.get(row.type, "")))
+        return (max(row.id, cause), 1) if cause is not None else (row.id, 0)
+
+    return sorted(rows, key=position)
+
+
+async def _row_locks(conn: AsyncConnection) -> bool:
+    """Whether the batch query may lock its rows (``FOR UPDATE SKIP LOCKED``): not on Citus,
+    which refuses row locks in a query over many shards. Numbering is the leader's alone
+    either way (the advisory lock, on the coordinator every relay connects to), and each row
+    is numbered only while its ``seq`` is NULL; the locks only keep a non-leader's stale
+    read off rows the leader is numbering."""
+    if conn.dialect.name != "postgresql":
+        return False
+    engine = conn.engine.sync_engine
+    if engine not in _ROW_LOCKS:
+        _ROW_LOCKS[engine] = not await conn.run_sync(has_citus)
+    return _ROW_LOCKS[engine]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,9 +282,16 @@ async def _number(conn: AsyncConnection, rows: Sequence[Any]) -> list[_Numbered]
     if numbered:
         await conn.execute(
             update(OutboxEvent)
-            .where(OutboxEvent.id == bindparam("row_id"), OutboxEvent.seq.is_(None))
+            .where(
+                OutboxEvent.merchant_id == bindparam("row_merchant"),  # one shard per row
+                OutboxEvent.id == bindparam("row_id"),
+                OutboxEvent.seq.is_(None),
+            )
             .values(seq=bindparam("row_seq")),
-            [{"row_id": row.id, "row_seq": row.seq} for row in numbered],
+            [
+                {"row_merchant": row.merchant_id, "row_id": row.id, "row_seq": row.seq}
+                for row in numbered
+            ],
         )
     return numbered
 

@@ -8,6 +8,8 @@ module takes a database of its own on it.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,12 +35,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def citus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CitusCluster]:
-    cluster = CitusCluster(tmp_path_factory.mktemp("citus"))
+def citus() -> Iterator[CitusCluster]:
+    """In a folder of its own under /tmp, not pytest's: the nodes run as the postgres user,
+    and pytest makes its own root folder private again (0700) at every session start."""
+    root = Path(tempfile.mkdtemp(prefix="idempay-citus-"))
+    cluster = CitusCluster(root)
     try:
         yield cluster.start()
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def citus_backend(cluster: CitusCluster, tmp: Path) -> Backend:
