@@ -125,8 +125,11 @@ async def atomic(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     async with engine.begin() as conn:
         try:
             yield conn
-        finally:
-            settled = conn.info.pop(SETTLED_KEYS, ())
+        except BaseException:
+            with suppress(Exception):  # an invalidated connection: its info goes with it
+                conn.info.pop(SETTLED_KEYS, None)
+            raise  # the driver's own error (a lost connection stays a 503)
+        settled = conn.info.pop(SETTLED_KEYS, ())
     for merchant_id, key in settled:
         settled_here(merchant_id, key)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
@@ -142,7 +143,11 @@ def build_context(settings: Settings) -> AppContext:
             max_queue=settings.event_queue_max,
         ),
         waiters=Waiters(
-            limit=settings.waiters_max, listen_dsn=listen_args(settings.resolved_database_url)
+            limit=settings.waiters_max,
+            listen_dsn=listen_args(settings.resolved_database_url),
+            # SQLite has no NOTIFY: a key settled by another process (a second worker, the
+            # CLI) is seen by a look once a second
+            recheck_s=SQLITE_RECHECK_S if settings.is_sqlite else None,
         ),
         redis=redis,
     )
@@ -169,6 +174,31 @@ async def _purge_forever(ctx: AppContext) -> None:
             log.warning("retention_purge_failed", error=type(exc).__name__)
 
 
+SQLITE_RECHECK_S = 1.0
+
+
+def _close_waiters_on_exit_signal(waiters: Waiters) -> None:
+    """On SIGTERM/SIGINT, before uvicorn's graceful shutdown waits for the requests in
+    flight, requests held by ``Prefer: wait`` answer at once with their last look (they
+    would otherwise hold the shutdown until uvicorn cancels them with a bare 500). The
+    handler uvicorn installed is chained, not replaced; outside the main thread (tests
+    driving the app in process) there is no signal to chain."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(
+            signum: int, frame: Any, previous: Callable[[int, Any], Any] = previous
+        ) -> None:
+            loop.call_soon_threadsafe(waiters.close)
+            previous(signum, frame)
+
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(sig, handler)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings)
@@ -185,9 +215,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             tasks.append(asyncio.create_task(completer.run_forever(), name="completer"))
         tasks.append(asyncio.create_task(_purge_forever(ctx), name="retention"))
         tasks.append(asyncio.create_task(ctx.waiters.run_forever(), name="waiters"))
+        _close_waiters_on_exit_signal(ctx.waiters)
         try:
             yield
         finally:
+            ctx.waiters.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -202,8 +202,9 @@ async def take_over(
 
 
 def _settled(conn: AsyncConnection, merchant_id: str, key: str, won: bool) -> bool:
-    """A key left ``processing``: this process's ``Prefer: wait`` waiters are woken once the
-    transaction commits (``api.db.atomic``; Postgres also NOTIFYs every worker)."""
+    """A key left ``processing`` (or was handed over): this process's ``Prefer: wait``
+    waiters are woken once the transaction commits (``api.db.atomic``; Postgres also
+    NOTIFYs every worker, migration 0007)."""
     if won:
         conn.info.setdefault(SETTLED_KEYS, []).append((merchant_id, key))
     return won
@@ -258,8 +259,9 @@ async def fence_owned(
 async def release(
     conn: AsyncConnection, *, merchant_id: str, key: str, token: int, until: datetime
 ) -> None:
-    """Hand a key we own to whoever comes next (the completer, a retry) at ``until``."""
-    await conn.execute(
+    """Hand a key we own to whoever comes next (the completer, a retry) at ``until``;
+    waiting duplicates look again (one of them may be that retry)."""
+    result = await conn.execute(
         update(IdempotencyKey)
         .where(
             *_where(merchant_id, key),
@@ -268,6 +270,7 @@ async def release(
         )
         .values(lease_until=until)
     )
+    _settled(conn, merchant_id, key, bool(result.rowcount))
 
 
 async def expired_leases(conn: AsyncConnection, *, now: datetime, limit: int) -> list[KeyRecord]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -34,18 +33,38 @@ log = structlog.get_logger("idempay.waiters")
 CHANNEL = "idempay_key_settled"
 PING_EVERY_S = 15.0  # the LISTEN connection is checked this often
 PING_TIMEOUT_S = 5.0
-_PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*\"?(\d{1,6})\"?(?=$|[,;\s])", re.IGNORECASE)
+_WAIT_MAX_DIGITS = 9
 
 
-def preferred_wait(prefer: str | None, cap: float) -> int:
+def _preferences(values: list[str]) -> Iterator[tuple[str, str]]:
+    """(name, value) of each preference in ``Prefer`` field values (RFC 7240 §2: several
+    fields are one comma-separated list; a preference's ``;`` parameters are not
+    preferences; quoted strings may hold commas and semicolons)."""
+    for field in values:
+        token: list[str] = []
+        quoted = False
+        for char in field + ",":
+            if char == '"':
+                quoted = not quoted
+            if char == "," and not quoted:
+                head = "".join(token).split(";", 1)[0].strip()
+                name, _, value = head.partition("=")
+                yield name.strip().lower(), value.strip().strip('"')
+                token = []
+            else:
+                token.append(char)
+
+
+def preferred_wait(prefer: str | list[str] | None, cap: float) -> int:
     """Seconds asked for by ``Prefer: wait=N`` (RFC 7240 §4.3), capped at ``cap``; 0 when
-    absent or malformed (a preference the server does not understand is ignored)."""
+    absent, negative or malformed (a preference the server does not understand is ignored)."""
     if not prefer:
         return 0
-    found = _PREFER_WAIT.search(prefer)
-    if found is None:
-        return 0
-    return int(min(int(found.group(1)), cap))
+    for name, value in _preferences([prefer] if isinstance(prefer, str) else prefer):
+        if name == "wait" and value.isdigit():
+            seconds = int(value) if len(value) <= _WAIT_MAX_DIGITS else cap
+            return int(min(seconds, cap))
+    return 0
 
 
 SETTLED_KEYS = "idempay_settled_keys"  # Connection.info: keys settled in its transaction
@@ -63,11 +82,19 @@ class WaitersFull(Exception):
 
 
 class Waiters:
-    def __init__(self, *, limit: int, listen_dsn: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        limit: int,
+        listen_dsn: dict[str, Any] | None = None,
+        recheck_s: float | None = None,
+    ) -> None:
         self._waiting: dict[tuple[str, str], set[asyncio.Event]] = {}
         self._count = 0
         self.limit = limit
         self._connect_args = listen_dsn
+        self.recheck_s = recheck_s  # a look at least this often (SQLite: other processes)
+        self.closing = False
         self.listening = asyncio.Event()  # the LISTEN connection is up (Postgres)
         _HERE.add(self)
 
@@ -79,7 +106,7 @@ class Waiters:
     def watch(self, merchant_id: str, key: str) -> Iterator[asyncio.Event]:
         """An event set when (merchant, key) may have settled. Register *before* looking the
         key up again, so that a settlement between the look and the wait is not missed."""
-        if self._count >= self.limit:
+        if self._count >= self.limit or self.closing:
             raise WaitersFull
         event = asyncio.Event()
         slot = (merchant_id, key)
@@ -103,6 +130,12 @@ class Waiters:
         for events in self._waiting.values():
             for event in events:
                 event.set()
+
+    def close(self) -> None:
+        """The worker is shutting down (SIGTERM): every waiter answers now, with its last
+        look, instead of holding the graceful shutdown until its time limit."""
+        self.closing = True
+        self.notify_all()
 
     def _on_notification(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         merchant_id, _, key = payload.partition(":")
@@ -133,8 +166,8 @@ class Waiters:
             except Exception as exc:  # storage down: waiters time out and answer as usual
                 log.warning("waiters_listen_failed", error=type(exc).__name__)
             finally:
-                self.listening.clear()
-                self.notify_all()
+                self.listening.clear()  # waiters are woken once LISTEN is back (above), not
+                # now: a look into a database that just went away would answer 503
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(conn.close(), 2)

@@ -32,6 +32,7 @@ class Outcome:
     problem: bool = False
     terminal_id: str | None = None
     retry_after: bool = False  # answered with Retry-After (Settings.retry_after_seconds)
+    recheck_s: float | None = None  # in flight, may change by then without a settlement
 
 
 def from_error(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -135,9 +136,19 @@ async def _abort_existing(
     error = RequestInProgressError(
         "The key is being processed right now; retry the abort after Retry-After."
     )
-    return from_error(
+    outcome = from_error(
         error, event=Event.IN_PROGRESS, idempotency_status=Status.IN_PROGRESS, terminal_id=terminal
     )
+    return replace(outcome, recheck_s=_abort_possible_in(service, record, now))
+
+
+def _abort_possible_in(service: TransactionService, record: KeyRecord, now: datetime) -> float:
+    """Seconds until ``_abort_may_take_over`` turns true with no settlement to announce it."""
+    grace = timedelta(seconds=service.settings.issuer_timeout + 0.5)
+    at = record.created_at + grace
+    if record.lease_until is not None:
+        at = min(at, record.lease_until)
+    return max(0.0, (at - now).total_seconds())
 
 
 async def reverse(

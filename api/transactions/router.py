@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
@@ -47,18 +49,25 @@ class _Call:
         self.key: str | None = None
         self.attempt = attempt_header(request) if endpoint == "create" else None
         self.network = network_header(request)
+        self.request = request
         self.wait_s = preferred_wait(
-            request.headers.get("prefer"), self.ctx.settings.prefer_wait_max
+            request.headers.getlist("prefer"), self.ctx.settings.prefer_wait_max
         )
         self.waited = False
 
-    async def settled(self, first: Outcome, again: Callable[[], Awaitable[Outcome]]) -> Outcome:
-        """``Prefer: wait=N``: an in-flight answer held until the key settles (waiting.py)."""
+    async def settled(self, look: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        """``look``'s answer; with ``Prefer: wait=N``, an in-flight one held until the key
+        settles, the client goes away or the worker shuts down (waiting.py)."""
         if self.wait_s <= 0 or self.merchant_id is None or self.key is None:
-            return first
-        outcome, self.waited = await waiting.until_settled(
-            self.ctx.waiters, self.merchant_id, self.key, self.wait_s, first, again
-        )
+            return await look()
+        gone = asyncio.Event()
+        watcher = asyncio.ensure_future(_disconnected(self.request, gone))
+        try:
+            outcome, self.waited = await waiting.until_settled(
+                self.ctx.waiters, self.merchant_id, self.key, self.wait_s, look, gone=gone
+            )
+        finally:
+            watcher.cancel()
         return outcome
 
     async def run(
@@ -138,6 +147,14 @@ class _Call:
         return Response(outcome.body, outcome.status, headers=headers, media_type=media)
 
 
+async def _disconnected(request: Request, gone: asyncio.Event) -> None:
+    """Sets ``gone`` when the client disconnects (the body, if any, is already read)."""
+    with contextlib.suppress(Exception):
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+
 @router.post("", status_code=201, openapi_extra=CREATE_DOC, responses=responses("create"))
 async def create_transaction(
     request: Request,
@@ -166,7 +183,7 @@ async def handle_create(request: Request) -> Response:
         async def again() -> Outcome:
             return await ctx.service.create(merchant_id, key, body, digest)
 
-        return await call.settled(await again(), again)
+        return await call.settled(again)
 
     return await call.run(work, RequestOutcome.REJECTED)
 
@@ -227,7 +244,7 @@ def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:
             async def again() -> Outcome:
                 return await action(ctx.service, merchant_id, key)
 
-            return await call.settled(await again(), again)
+            return await call.settled(again)
 
         refused = RequestOutcome.REJECTED if endpoint == "reversal" else RequestOutcome.NOT_RECORDED
         return await call.run(work, refused)

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import structlog
@@ -247,8 +248,10 @@ class TransactionService:
             terminal_id=terminal_id,
         )
 
-    def _in_progress(self, terminal_id: str | None) -> Outcome:
-        return from_error(
+    def _in_progress(
+        self, terminal_id: str | None, *, lease_until: datetime | None = None
+    ) -> Outcome:
+        outcome = from_error(
             RequestInProgressError(
                 "A request with this key is being processed; retry after Retry-After."
             ),
@@ -256,6 +259,10 @@ class TransactionService:
             idempotency_status=IdempotencyStatus.IN_PROGRESS,
             terminal_id=terminal_id,
         )
+        if lease_until is None:
+            return outcome
+        # At the lease's end a retry may take the key over: a waiter looks again then.
+        return replace(outcome, recheck_s=max(0.0, (lease_until - utcnow()).total_seconds()))
 
     def _too_late(self, body: TransactionCreate, key: str, now: datetime) -> bool:
         """Expired, or older than the tombstone window (by captured_at, or by the time a
@@ -442,10 +449,12 @@ class TransactionService:
         auth = await self._authorize(merchant_id, key, body, token)
         if auth is None:  # no answer in time: the server finishes it (202)
             return self.processing(key, body.terminal_id, event)
+        # Before the commit: its NOTIFY wakes waiting duplicates, whose look must not be
+        # answered by the busy hint (a duplicate meanwhile reads the row: still 409).
+        await self.cache.clear_busy(merchant_id, key)
         async with atomic(self.engine) as conn:
             text = await self._finish(conn, merchant_id, key, body, auth, token, created_at)
         await self.refresh_epoch()
-        await self.cache.clear_busy(merchant_id, key)
         if text is None:
             return await self._answer_after_lost_lease(merchant_id, key, body, event)
         outcome = _created(text.encode(), event, body.terminal_id)
@@ -577,7 +586,7 @@ class TransactionService:
             return outcome
         now = utcnow()
         if record.lease_live(now):
-            return self._in_progress(terminal)
+            return self._in_progress(terminal, lease_until=record.lease_until)
         recovered = await recovery.recover(self, record, now=now)  # its owner vanished
         if recovered.outcome is not None:
             return recovered.outcome

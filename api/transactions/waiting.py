@@ -1,21 +1,31 @@
-"""``Prefer: wait=N`` on create, lookup and abort (contract §2, issue 17).
+"""``Prefer: wait=N`` on create, lookup and abort (contract §2.8, issue 17).
 
 A request that finds its key in flight — a duplicate create answered 409
 ``request_in_progress``, a lookup answered 202 ``processing``, an abort answered 409 — and
 asked ``Prefer: wait=N`` is held until the key settles or ``N`` seconds pass (``N`` capped
-at ``IDEMPAY_PREFER_WAIT_MAX``), then answered as usual by looking again: the replay, the
-transaction, the fence — or, at the time limit, the same in-flight answer with
-``Retry-After``. ``Preference-Applied: wait=N`` says it waited.
+at ``IDEMPAY_PREFER_WAIT_MAX``), then answered as usual: the replay, the transaction, the
+fence — or, at the time limit, its last in-flight answer with ``Retry-After``.
+``Preference-Applied: wait=N`` says it waited.
 
 Only in-flight answers wait. The create that claimed the key itself and whose issuer call
 timed out still answers 202 at once (its request event stays ``created``: the audit counts
-that key once); its duplicates and lookups wait. When this worker's waiting table is full
-the request is answered at once, as without the preference.
+that key once); its duplicates and lookups wait.
+
+The waiter registers before its first look, so a settlement between the look and the wait
+is never missed. It looks again when woken (the key settled or was handed over), when the
+in-flight answer says it may change by then without a settlement (``Outcome.recheck_s``: a
+lease running out, an abort's grace), and — on SQLite only — every ``Waiters.recheck_s``
+(a settlement by another process). It stops waiting when the client disconnects, when the
+worker shuts down (the last look is the answer), or at its limit. A look that fails while
+storage is down is retried, at most once a second, until the limit; at the limit the last
+in-flight answer stands. When this worker's waiting table is full the request is answered
+at once, as without the preference.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from api.events.writer import RequestOutcome
@@ -23,6 +33,7 @@ from api.idempotency.waiters import Waiters, WaitersFull
 from api.transactions.outcome import IdempotencyStatus, Outcome
 
 IN_FLIGHT_EVENTS = frozenset({RequestOutcome.IN_PROGRESS, RequestOutcome.PROCESSING})
+STORAGE_RETRY_S = 1.0
 
 
 def in_flight(outcome: Outcome) -> bool:
@@ -37,28 +48,66 @@ async def until_settled(
     merchant_id: str,
     key: str,
     seconds: float,
-    first: Outcome,
-    again: Callable[[], Awaitable[Outcome]],
+    look: Callable[[], Awaitable[Outcome]],
+    *,
+    gone: asyncio.Event | None = None,
 ) -> tuple[Outcome, bool]:
-    """``first`` or, if it is in flight and ``seconds`` > 0, the answer once the key has
-    settled (or the last look at the time limit); and whether the request waited."""
-    if seconds <= 0 or not in_flight(first):
-        return first, False
+    """The answer of ``look`` once the key has settled (or the last in-flight one at the
+    limit); and whether the request waited. ``gone``: set when the client disconnected."""
+    if seconds <= 0:
+        return await look(), False
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
+    with contextlib.ExitStack() as stack:
+        try:
+            settled = stack.enter_context(waiters.watch(merchant_id, key))
+        except WaitersFull:
+            return await look(), False
+        outcome = await look()  # registered first: a settlement from now on is not missed
+        if not in_flight(outcome):
+            return outcome, False
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0 or _stop(waiters, gone):
+                return outcome, True
+            await _first(settled, gone, min([remaining, *_hints(outcome, waiters)]))
+            if _stop(waiters, gone) or loop.time() >= deadline:
+                return outcome, True
+            settled.clear()
+            try:
+                again = await look()
+            except Exception:
+                if deadline - loop.time() <= STORAGE_RETRY_S:
+                    raise  # storage down at the limit: the usual 503
+                await asyncio.sleep(STORAGE_RETRY_S)
+                continue
+            if not in_flight(again):
+                return again, True
+            outcome = again
+
+
+def _stop(waiters: Waiters, gone: asyncio.Event | None) -> bool:
+    return waiters.closing or (gone is not None and gone.is_set())
+
+
+def _hints(outcome: Outcome, waiters: Waiters) -> list[float]:
+    hints = []
+    if outcome.recheck_s is not None:
+        hints.append(max(outcome.recheck_s, 0.05))
+    if waiters.recheck_s is not None:
+        hints.append(waiters.recheck_s)
+    return hints
+
+
+async def _first(settled: asyncio.Event, gone: asyncio.Event | None, within: float) -> None:
+    """Until the key may have settled, the client went away, or ``within`` s passed."""
+    waits = [asyncio.ensure_future(settled.wait())]
+    if gone is not None:
+        waits.append(asyncio.ensure_future(gone.wait()))
     try:
-        with waiters.watch(merchant_id, key) as settled:
-            outcome = await again()  # registered first: a settlement now is not missed
-            while in_flight(outcome):
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    await asyncio.wait_for(settled.wait(), remaining)
-                except TimeoutError:
-                    return await again(), True
-                settled.clear()
-                outcome = await again()
-    except WaitersFull:
-        return first, False
-    return outcome, True
+        await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*waits, return_exceptions=True)

@@ -5,6 +5,10 @@ their time limit — and then answered as usual, with ``Preference-Applied``."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -48,9 +52,12 @@ def _post(api: Api, path: str, **headers: str) -> httpx.Response:
 
 def _start_slow_create(api: Api, key: str, token: str = "tok_issuer_slow") -> threading.Thread:
     answers: list[httpx.Response] = []
-    thread = threading.Thread(
-        target=lambda: answers.append(api.create(key, body(card=card(token))))
-    )
+
+    def send() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # a server stopped under it (SIGTERM test)
+            answers.append(api.create(key, body(card=card(token))))
+
+    thread = threading.Thread(target=send)
     thread.start()
     eventually(lambda: api.lookup(key).status_code == 202, what="the key in flight", timeout=30)
     return thread
@@ -138,3 +145,106 @@ def test_no_wait_for_a_settled_or_unknown_key(slow: tuple[Api, Server]) -> None:
     unknown = _get(api, f"/v1/transactions/{new_key()}", Prefer="wait=20")
     assert_problem(unknown, 404, "not_found")
     assert "preference-applied" not in unknown.headers
+
+
+# ---------------------------------------------------------------- the review's findings
+# (a hostile review of the first version; each test failed on it)
+
+
+def test_an_abort_waiting_past_the_grace_fences_then_instead_of_at_its_limit(
+    backend: Backend,
+) -> None:
+    """The abort's 409 turns into a fence once the claim's issuer timeout (+0.5 s) passes —
+    no settlement announces that: the waiter looks again then. (Before: it waited out its
+    limit, then answered from a look made there.)"""
+    server = backend.server(IDEMPAY_ISSUER_TIMEOUT="1", IDEMPAY_COMPLETER_ENABLED="false")
+    try:
+        api = Api(server.url, backend.api_key("merchant-wait-abort"))
+        key = new_key()
+        original = _start_slow_create(api, key, "tok_issuer_down")
+        aborted = _post(api, f"/v1/transactions/{key}/abort", Prefer="wait=20")
+        original.join(30)
+        assert aborted.status_code == 200, aborted.text
+        assert aborted.json() == {"id": key, "status": "aborted"}
+        assert aborted.headers["preference-applied"] == "wait=20"
+    finally:
+        server.stop()
+
+
+def test_sigterm_answers_the_waiting_requests_with_their_last_look(backend: Backend) -> None:
+    """SIGTERM while requests wait: they answer at once, in flight, as the contract writes
+    them (before: uvicorn's graceful shutdown waited 10 s, then cut them with a bare 500
+    without X-Request-Id)."""
+    server = backend.server(IDEMPAY_ISSUER_TIMEOUT="30", IDEMPAY_ISSUER_DEADLINE="60")
+    api = Api(server.url, backend.api_key("merchant-wait-sigterm"))
+    key = new_key()
+    original = _start_slow_create(api, key, "tok_issuer_down")
+    with ThreadPoolExecutor(4) as pool:
+        waiting = [
+            pool.submit(_get, api, f"/v1/transactions/{key}", Prefer="wait=20") for _ in range(3)
+        ]
+        waiting.append(pool.submit(_post, api, f"/v1/transactions/{key}/abort", Prefer="wait=20"))
+        threading.Event().wait(1.0)  # they are held (nothing settles this key for 30 s)
+        server.stop()  # SIGTERM, then the graceful shutdown
+        answers = [f.result() for f in waiting]
+    original.join(60)
+    for answer in answers[:3]:
+        assert answer.status_code == 202, answer.text
+        assert answer.json() == {"id": key, "status": "processing"}
+        assert answer.headers["idempotency-status"] == "in_progress"
+        assert answer.headers["x-request-id"]
+        assert answer.headers["preference-applied"] == "wait=20"
+    assert_problem(answers[3], 409, "request_in_progress")
+
+
+def test_a_client_that_hangs_up_gives_its_waiting_slot_back(backend: Backend) -> None:
+    """IDEMPAY_WAITERS_MAX=1: the one waiter hangs up after 1 s; the slot is free again
+    long before its 20 s (before: held until the key settled or the limit)."""
+    server = backend.server(
+        IDEMPAY_ISSUER_TIMEOUT="30", IDEMPAY_ISSUER_DEADLINE="60", IDEMPAY_WAITERS_MAX="1"
+    )
+    try:
+        api = Api(server.url, backend.api_key("merchant-wait-hangup"))
+        key = new_key()
+        original = _start_slow_create(api, key, "tok_issuer_down")
+        headers = api.headers(None, Prefer="wait=20")
+        with (
+            httpx.Client(base_url=server.url, timeout=1.0) as impatient,
+            pytest.raises(httpx.ReadTimeout),
+        ):
+            impatient.get(f"/v1/transactions/{key}", headers=headers)
+
+        def slot_free() -> bool:
+            answer = _get(api, f"/v1/transactions/{key}", Prefer="wait=1")
+            return answer.headers.get("preference-applied") == "wait=1"
+
+        eventually(slot_free, what="the hung-up waiter's slot back", timeout=10)
+    finally:
+        server.stop()
+    original.join(60)
+
+
+def test_sqlite_sees_a_fence_made_by_another_process(private_sqlite_backend: Backend) -> None:
+    """SQLite has no NOTIFY: a key fenced by the CLI (another process) is seen by the
+    waiter's once-a-second look (before: it waited out its limit and answered 202)."""
+    backend = private_sqlite_backend
+    server = backend.server(IDEMPAY_ISSUER_TIMEOUT="1", IDEMPAY_COMPLETER_ENABLED="false")
+    try:
+        api = Api(server.url, backend.api_key("merchant-wait-cli"))
+        key = new_key()
+        original = _start_slow_create(api, key, "tok_issuer_down")
+        original.join(30)  # answered 202: the key is handed over, nobody re-drives it
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_get, api, f"/v1/transactions/{key}", Prefer="wait=20")
+            threading.Event().wait(0.5)
+            fenced = subprocess.run(
+                [sys.executable, "-m", "api", "admin", "key", "fence", "merchant-wait-cli",
+                 key, "--reason", "test"],
+                env={**os.environ, **backend.env}, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert fenced.returncode == 0, fenced.stdout + fenced.stderr
+            answer = waiting.result()
+        assert_problem(answer, 410, "transaction_aborted")
+        assert answer.headers["preference-applied"] == "wait=20"
+    finally:
+        server.stop()

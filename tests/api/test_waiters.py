@@ -39,10 +39,17 @@ def test_prefer_wait_is_parsed_capped_and_ignored_when_malformed() -> None:
     assert preferred_wait(None, 30) == 0
     assert preferred_wait("wait=5", 30) == 5
     assert preferred_wait("respond-async, wait=100", 30) == 30
-    assert preferred_wait('return=minimal; wait="7"', 30) == 7
+    assert preferred_wait('return=minimal, wait="7"', 30) == 7
     assert preferred_wait("wait=abc", 30) == 0
     assert preferred_wait("handling=lenient", 30) == 0
     assert preferred_wait("nowait=5", 30) == 0
+    # review: several fields are one list; ';' parameters are not preferences; quotes
+    assert preferred_wait(["respond-async", "wait=2"], 30) == 2
+    assert preferred_wait("handling=lenient; wait=5", 30) == 0
+    assert preferred_wait('foo="bar, wait=5"', 30) == 0
+    assert preferred_wait("wait=1000000", 30) == 30  # huge: capped, not ignored
+    assert preferred_wait("wait=-3", 30) == 0
+    assert preferred_wait("WAIT = 4", 30) == 4
 
 
 def test_sqlite_has_no_listen_connection() -> None:
@@ -130,7 +137,7 @@ async def test_only_leaving_processing_notifies(private_pg_backend: Backend) -> 
         await asyncio.gather(runner, return_exceptions=True)
 
 
-async def test_a_killed_listen_connection_wakes_everyone_and_comes_back(
+async def test_a_killed_listen_connection_comes_back_and_then_wakes_everyone(
     private_pg_backend: Backend,
 ) -> None:
     backend = private_pg_backend
@@ -166,3 +173,23 @@ def test_the_waiting_table_is_bounded() -> None:
     assert waiters.count == 0
     with waiters.watch("m", "k2"):
         assert waiters.count == 1
+
+
+async def test_a_connection_lost_inside_atomic_keeps_the_drivers_error(
+    private_pg_backend: Backend,
+) -> None:
+    """Review: popping the settled keys off an invalidated connection raised
+    PendingRollbackError over the driver's error, so a lost connection answered 500, not
+    503. The driver's error must come out, and be judged storage-unavailable."""
+    from api.db import atomic, create_engine
+    from api.storage_errors import storage_unavailable
+
+    engine = create_engine(private_pg_backend.settings)
+    try:
+        with pytest.raises(Exception) as caught:
+            async with atomic(engine) as conn:
+                conn.info.setdefault("idempay_settled_keys", []).append(("m", "k"))
+                await conn.exec_driver_sql("SELECT pg_terminate_backend(pg_backend_pid())")
+        assert storage_unavailable(caught.value), repr(caught.value)
+    finally:
+        await engine.dispose()

@@ -2,9 +2,11 @@
 key leaves ``processing``, so a request waiting on it is answered at once, without polling.
 
 A trigger on ``idempotency_key`` runs ``pg_notify('idempay_key_settled', '<merchant>:<key>')``
-for rows whose state changes from processing to anything else. NOTIFY is delivered when the
-transaction commits (never for one that rolls back). Only that transition fires: the
-one-write create inserts a completed key directly and pays nothing. SQLite has no NOTIFY:
+for rows whose state changes from processing to anything else, or whose lease is cut short
+(a hand-over: a waiting duplicate may take the key over now). NOTIFY is delivered when the
+transaction commits (never for one that rolls back). Only those updates fire: the one-write
+create inserts a completed key directly and pays nothing, and a claim or take-over (the
+lease lengthened) is silent. SQLite has no NOTIFY:
 the embedded server wakes its waiters in process (``api.idempotency.waiters``).
 
 Revision ID: 0007
@@ -32,9 +34,11 @@ $$
 """
 TRIGGER = """
 CREATE TRIGGER idempay_key_settled
-AFTER UPDATE OF state ON idempotency_key
+AFTER UPDATE OF state, lease_until ON idempotency_key
 FOR EACH ROW
-WHEN (OLD.state = 'processing' AND NEW.state <> 'processing')
+WHEN (OLD.state = 'processing' AND (
+    NEW.state <> 'processing' OR NEW.lease_until < OLD.lease_until
+))
 EXECUTE FUNCTION idempay_key_settled()
 """
 

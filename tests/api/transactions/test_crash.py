@@ -16,9 +16,11 @@ from tests.support.backend import Backend
 from tests.support.client import Api, body, card, new_key
 
 SLOW = body(card=card("tok_issuer_slow"), terminal_id="T-CRASH")
-CRASH_ENV = {
-    "IDEMPAY_ISSUER_SLOW_SECONDS": "2",
-    "IDEMPAY_ISSUER_TIMEOUT": "5",
+CRASH_ENV = {  # the issuer slow enough that 12 sequential lookups on a loaded machine all
+    # see the keys still in phase 2 before the kill (2 s once let 5 of 12 finish first)
+    "IDEMPAY_ISSUER_SLOW_SECONDS": "5",
+    "IDEMPAY_ISSUER_TIMEOUT": "8",
+    "IDEMPAY_ISSUER_DEADLINE": "60",
     "IDEMPAY_LEASE_SECONDS": "3",
 }
 
