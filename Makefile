@@ -66,6 +66,13 @@ failover: $(STAMP)
 verify:
 	./scripts/verify.sh
 
+# A private Citus cluster (coordinator + 2 workers on localhost) in var/citus, building and
+# installing the extension the first time (docs/scaling.md, "Run here"): CITUS=stop|status|env.
+.PHONY: citus
+CITUS ?= start
+citus:
+	./scripts/citus.sh $(CITUS) var/citus
+
 # Every image of deploy/compose.yaml without a registry (deploy/README.md, "Without a
 # registry"): needs root, debootstrap and a running dockerd (DOCKER_HOST).
 images: $(STAMP)

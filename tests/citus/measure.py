@@ -1,6 +1,6 @@
 """What a create costs on Citus, beside plain Postgres on the same node (docs/scaling.md).
 
-    python -m tests.citus.measure [--clients 8] [--creates 2000] [--merchants 32]
+    python -m tests.citus.measure [--clients 8] [--creates 2000] [--merchants 32] [--api]
 
 Starts a private cluster (scripts/citus.sh, in a temporary folder), makes a Citus database
 (migrated: distributed) and a plain one on the coordinator's own server (same binaries,
@@ -13,6 +13,10 @@ outbox event — from ``--clients`` concurrent connections for random merchants,
   merchant argument and colocated with ``idempotency_key``, so Citus delegates the whole call
   to the worker holding the merchant's shard (the proposed Citus form of the one-write
   create).
+
+and, with ``--api``, the whole create through idempay itself: ``POST /v1/transactions`` to a
+server (``idempay serve``, one worker) on each database, from as many concurrent clients —
+whatever path the checked-out code takes there (on plain Postgres the one-write create).
 
 For each: creates/s, median latency, and the CPU time each node's server processes spent
 per create (from /proc, all backends of the node's postmaster), which is what sizes a node.
@@ -34,11 +38,14 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 
 from api.config import Settings
 from api.migrate import migrate
+from tests.support.backend import Backend
 from tests.support.citus import CitusCluster, Node, execute
+from tests.support.client import body
 
 KEY = (
     "INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token, terminal_id,"
@@ -163,11 +170,69 @@ async def run(
     return result
 
 
+async def through_api(
+    url: str, keys: list[str], *, clients: int, creates: int, nodes: list[Node]
+) -> dict[str, float]:
+    """Creates over HTTP, ``clients`` at a time, for random merchants (their API keys)."""
+    latencies: list[float] = []
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(url, timeout=timeout) as http:
+
+        async def one() -> None:
+            started = time.perf_counter()
+            headers = {
+                "Authorization": f"Bearer {random.choice(keys)}",
+                "Idempotency-Key": str(uuid.uuid4()),
+            }
+            async with http.post("/v1/transactions", json=body(), headers=headers) as answer:
+                assert answer.status == 201, await answer.text()
+            latencies.append(time.perf_counter() - started)
+
+        async def client(count: int) -> None:
+            for _ in range(count):
+                await one()
+
+        await asyncio.gather(*(client(5) for _ in range(clients)))  # warm
+        latencies.clear()
+        before = [cpu_seconds(node) for node in nodes]
+        started = time.perf_counter()
+        await asyncio.gather(*(client(creates // clients) for _ in range(clients)))
+        elapsed = time.perf_counter() - started
+        spent = [cpu_seconds(node) - was for node, was in zip(nodes, before, strict=True)]
+    done = len(latencies)
+    result = {"creates/s": done / elapsed, "p50 ms": statistics.median(latencies) * 1000}
+    for node, seconds in zip(nodes, spent, strict=True):
+        result[f"{node.name} cpu ms/create"] = seconds / done * 1000
+    return result
+
+
+def api_runs(
+    cluster: CitusCluster, databases: dict[str, str], root: Path, args: argparse.Namespace
+) -> None:
+    for name, database in databases.items():
+        folder = root / database
+        folder.mkdir(parents=True, exist_ok=True)
+        backend = Backend("measure", cluster.url(database), folder)
+        server = backend.server(IDEMPAY_DB_POOL_SIZE=str(args.clients))
+        try:
+            keys = [backend.api_key(f"measure-{n:03d}") for n in range(args.merchants)]
+            nodes = list(cluster.nodes.values()) if "Citus" in name else [cluster.coordinator]
+            result = asyncio.run(
+                through_api(
+                    server.url, keys, clients=args.clients, creates=args.creates, nodes=nodes
+                )
+            )
+        finally:
+            backend.stop_all()
+        print(f"{name:32} " + "  ".join(f"{k} {v:,.2f}" for k, v in result.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--creates", type=int, default=2000)
     parser.add_argument("--merchants", type=int, default=32)
+    parser.add_argument("--api", action="store_true", help="also through idempay serve")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="idempay-citus-measure-"))
     cluster = CitusCluster(root).start()
@@ -208,6 +273,9 @@ def main() -> None:
                 )
             )
             print(f"{name:32} " + "  ".join(f"{k} {v:,.2f}" for k, v in result.items()))
+        if args.api:
+            databases = {"plain Postgres, API": plain_db, "Citus, API": citus_db}
+            api_runs(cluster, databases, root, args)
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)

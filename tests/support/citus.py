@@ -251,7 +251,8 @@ def pending_code_changes() -> list[str]:
         pending.append("pg_create.CREATE writes issuer_authorization without merchant_id")
     if "merchant_id" not in inspect.getsource(issuer.SimulatedIssuer):
         pending.append("issuer.py reads and writes issuer_authorization without merchant_id")
-    if 'index_elements=["event_id"]' in inspect.getsource(writer):
+    statements = inspect.getsource(writer).split('"""', 2)[-1]  # not the docstring
+    if 'index_elements=["event_id"]' in statements or "ON CONFLICT (event_id)" in statements:
         pending.append(
             "events/writer.py inserts ON CONFLICT (event_id), not (merchant_id, event_id)"
         )
