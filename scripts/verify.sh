@@ -63,7 +63,7 @@ FAST_CC="-O0 -DSAFETY -DNOCLAIM -DMEMLIM=8192"   # mutants: counterexamples come
 LIVE_CC="-O2 -DNFAIR=3 -DMEMLIM=8192"            # acceptance cycles, weak fairness
 only() {  # only P: the monitor asserts property P and no other (a mutant's target)
   local p out=""
-  for p in A B C E F G H I J; do
+  for p in A B C E F G H I J K; do
     [ "$p" = "${1^^}" ] || out="$out -DCHK_$p=0"
   done
   echo "$out"
@@ -96,6 +96,12 @@ BUILDS=(
   # limits of the fixed protocol, kept as checks so that they stay documented and true
   "x1|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND $(b 2 0 0 0 0)|$FAST_CC"
   "x2|-DMONITOR $(only g) -DRETENTION -DSKEW_BEYOND $(b 1 0 0 0 0)|$FAST_CC"
+  # issue 16: store and forward (a sale accepted offline, forwarded as an advice)
+  "off|-DMONITOR -DOFFLINE $ZERO|$SAFE_CC"
+  "off-ret|-DMONITOR -DOFFLINE -DRETENTION $ZERO|$SAFE_CC"
+  "live-off|-DFAIR -DOFFLINE $ZERO|$LIVE_CC"
+  "m13|-DMONITOR $(only k) -DOFFLINE -DMUTANT_OFFLINE_AFTER_SEND $(b 1 0 0 0 0)|$FAST_CC"
+  "m14|-DMONITOR $(only k) -DOFFLINE -DMUTANT_RECOVER_FENCES_STORED $(b 1 0 1 0 0)|$FAST_CC"
 )
 
 # ---------------------------------------------------------------- the checks
@@ -144,6 +150,14 @@ CHECKS=(
   "M12|j|MUTANT_PER_INSTANCE_DRIVER|= T1|counterexample:j|m12|-|-m20000 -w25"
   "X1|i|RETENTION SKEW_BEYOND (fix)|net x2|counterexample:i|x1|-|-m20000 -w25"
   "X2|g|RETENTION SKEW_BEYOND (fix)|net|counterexample:g|x2|-|-m20000 -w25"
+  "O1|$SAFE g h k|OFFLINE|net x2, terminal crash|holds|off|2 0 1 0 0|$SAFE_PAN"
+  "O2|$SAFE g h k|OFFLINE|net x2, stall|holds|off|2 0 0 1 0|$SAFE_PAN"
+  "O3|$SAFE g h k|OFFLINE|net x2, server crash|holds|off|2 1 0 0 0|$SAFE_PAN"
+  "O4|$SAFE g h i k|OFFLINE RETENTION|net x2|holds|off-ret|2 0 0 0 0|$SAFE_PAN"
+  "O5|$SAFE g h k|OFFLINE|net, crash, terminal crash|holds|off|1 1 1 0 0|$SAFE_PAN"
+  "L10|d|OFFLINE|net, terminal crash|holds|live-off|1 0 1 0 0|$LIVE_PAN"
+  "M13|k|MUTANT_OFFLINE_AFTER_SEND|net|counterexample:k|m13|-|-m20000 -w25"
+  "M14|k|MUTANT_RECOVER_FENCES_STORED|net, terminal crash|counterexample:k|m14|-|-m20000 -w25"
 )
 
 # Which property pan's first error report states (the macros P_A … P_F, as pan prints them).
@@ -152,6 +166,7 @@ property_of() {
     "") echo none ;;
     *"acceptance cycle"*) echo d ;;
     *"invalid end state"*) echo deadlock ;;
+    *"assertion violated"*"stored_aborts"*) echo k ;;
     *"assertion violated"*"reported2"*) echo j ;;
     *"assertion violated"*"reported==9"*"k_state==1"*) echo g ;;
     *"assertion violated"*"unsent_at_boot"*) echo h ;;
@@ -266,10 +281,10 @@ run_check() {  # run_check ID BUILD BOUNDS PAN_FLAGS
 
 # Builds first (the shared ones are the slow ones), then the longest searches first, so
 # that the parallel slots stay busy to the end.
-BUILD_ORDER=(safe live safe-down live-down ret two ret-beyond m1 m2 m3 m4 m5 m6 m7 m8 m9 m10
-             m11 m12 x1 x2)
-LAUNCH_ORDER=(S5 L7 S8 S2 S4 S6 S3 R1 R2 T1 S1 S7 L6 L2 L3 L9 L8 L4 L5 L1 R3
-              M1 M2 M3 M4 M5 M6 M7 M8 M9 M10 M11 M12 X1 X2)
+BUILD_ORDER=(safe live safe-down live-down ret two off off-ret live-off ret-beyond m1 m2 m3
+             m4 m5 m6 m7 m8 m9 m10 m11 m12 m13 m14 x1 x2)
+LAUNCH_ORDER=(S5 L7 S8 S2 S4 S6 S3 R1 R2 T1 S1 S7 L6 L2 L3 L9 L10 O4 O2 O5 O3 O1 L8 L4 L5 L1 R3
+              M1 M2 M3 M4 M5 M6 M7 M8 M9 M10 M11 M12 M13 M14 X1 X2)
 t0="$(date +%s)"
 needed=" "
 for id in "${LAUNCH_ORDER[@]}"; do
@@ -345,9 +360,11 @@ g: a payment reported rejected was never processed (issue 14: a later attempt's 
 h: recover() never sells: a sale whose terminal died before sending it is never charged
 i: a fenced key is never processed later, even after the purge of its tombstone (RETENTION)
 j: every driver of the key (the terminal, a second Client on its journal) reports the ledger
+k: store and forward stays exactly once: a sale accepted offline is never aborted by its
+   terminal nor fenced as expired, and its forward records what the ledger says (OFFLINE)
 X1, X2: limits of the fix, expected to fail: a terminal clock ahead beyond the tolerance
 (docs/protocol/README.md, "Retention and clock skew").
-Safety searches (S*, R*, T1, M1-M4, M6-M12, X*) also fail on a deadlock (invalid end state)
+Safety searches (S*, R*, T1, O*, M1-M4, M6-M14, X*) also fail on a deadlock (invalid end state)
 and on the model's own assertions. time: the search alone (pan); the total includes compiling.
 
 LEGEND

@@ -22,6 +22,8 @@ HOLDS = (
     | {f"L{i}": "d" for i in range(1, 10)}
     | {"R1": "a b c e f g h i", "R2": "a b c e f g h i", "R3": "i"}
     | {"T1": "a b c e f g h j"}
+    | {f"O{i}": "a b c e f g h k" for i in (1, 2, 3, 5)}
+    | {"O4": "a b c e f g h i k", "L10": "d"}
 )
 MUTANTS = {
     "M1": ("e", "MUTANT_NO_LEASE_TOKEN"),
@@ -36,11 +38,13 @@ MUTANTS = {
     "M10": ("i", "MUTANT_PURGE_AT_RETENTION"),
     "M11": ("i", "MUTANT_NO_FUTURE_REFUSAL"),
     "M12": ("j", "MUTANT_PER_INSTANCE_DRIVER"),
+    "M13": ("k", "MUTANT_OFFLINE_AFTER_SEND"),
+    "M14": ("k", "MUTANT_RECOVER_FENCES_STORED"),
 }
 # the fixed protocol's documented limits (a terminal clock ahead beyond the tolerance):
 # expected counterexamples, docs/protocol/README.md "Retention and clock skew"
 LIMITS = {"X1": ("i", "SKEW_BEYOND"), "X2": ("g", "SKEW_BEYOND")}
-_ROW = re.compile(r"^([SLMRTX]\d+) .*$", re.M)
+_ROW = re.compile(r"^([SLMRTXO]\d+) .*$", re.M)
 # outcome, states, depth, time, complete, verdict: the summary's last six columns
 _TAIL = r" {outcome} +(\d+) +(\d+) +[\d.]+s {complete} +ok$"
 

@@ -33,6 +33,10 @@
  *      tombstone; the server's clock, the request's timestamp, clock_skew (issue 14)
  *   j  -DTWO_DRIVERS: every driver of the key (the terminal, and a second Client running
  *      recover() on the same journal) reports what the ledger says (issue 24)
+ *   k  -DOFFLINE: store and forward stays exactly once (issue 16): a payment the terminal
+ *      sold offline is never aborted by it and never fenced as expired; forwarded (same
+ *      key, an advice), its journal entry ends with what the ledger says -- RESOLVED with
+ *      the one transaction, or REPORTED with none
  *
  * Mutants, one flag each, so that the model and its mutants never drift apart:
  *   -DMUTANT_NO_LEASE_TOKEN     the final write is guarded by the state, not the lease token
@@ -46,6 +50,8 @@
  *   -DMUTANT_PURGE_AT_RETENTION purge tombstones at the retention, without the tolerance
  *   -DMUTANT_NO_FUTURE_REFUSAL  accept a timestamp however far ahead (no 422 clock_skew)
  *   -DMUTANT_PER_INSTANCE_DRIVER SDK: the "who drives this key" claim is per Client instance
+ *   -DMUTANT_OFFLINE_AFTER_SEND SDK: a create whose answer was lost is sold offline too
+ *   -DMUTANT_RECOVER_FENCES_STORED SDK: recover() settles a stored payment like one in doubt
  */
 
 /* ======================================================================== bounds */
@@ -110,6 +116,10 @@
                            (journal entry ended, the app shows "failed") */
 #define REP_FAILED  10  /* what the SDK reported: InvalidTransition from its own journal
                            (an IdempayError: the app shows "failed") -- TWO_DRIVERS only */
+#define REP_OFFLINE 11  /* what the SDK reported: approved offline (the terminal's own
+                           answer; the payment is STORED) -- OFFLINE only */
+#define R_TOO_OLD   12  /* 422 advice_too_old: an advice older than the retention window,
+                           nothing stored -- OFFLINE with RETENTION */
 
 /* issuer_authorization row, per issuer key */
 #define I_NONE 0
@@ -123,6 +133,8 @@
 #define J_IN_DOUBT 3
 #define J_RESOLVED 4
 #define J_ABORTED  5
+#define J_STORED   6      /* sold offline, owed to the server: forwarded, never aborted */
+#define J_REPORTED 7      /* a stored payment the server refused for good (final) */
 
 /* what the terminal waits for before it asks again (see README.md, "Abstractions") */
 #define W_NONE 0
@@ -153,7 +165,7 @@
 #define COMPLETE_GUARD(t) OWNED(t)
 #endif
 
-mtype = { CREATE, LOOKUP, ABORT };
+mtype = { CREATE, LOOKUP, ABORT, ADVICE };   /* ADVICE: a create with entry_mode offline */
 
 /* ======================================================================== the database */
 byte k_state = NOKEY;     /* idempotency_key row:  state */
@@ -219,6 +231,19 @@ byte j_stalls = J_STALLS;
 #else
 #define J_MINE(d) (j_owner == (d))         /* Journal.transition WHERE lease_owner = me */
 #endif
+#endif
+
+/* ======================================================================== offline (issue 16) */
+/* -DOFFLINE: the terminal sells under an offline policy (contract §4.12). A sale whose
+   attempts all failed to connect (the model's connect error: nothing went on the wire) may
+   be accepted offline -- journal STORED, the SDK returns approved-offline -- or refused by
+   the policy's limits (OfflineLimitError: aborted, never sent). The stored payment is then
+   forwarded (the next call, or recover() after a reboot) under the same key as an advice:
+   looked up after a lost answer, resent after a 404, never aborted. */
+#ifdef OFFLINE
+bool sold_offline = 0;    /* ghost: the terminal sold this payment offline */
+byte stored_aborts = 0;   /* ghost: aborts the terminal sent for a payment it sold offline */
+byte fwd_out = R_NONE;    /* the server's answer the forward recorded (RESOLVED/REPORTED) */
 #endif
 
 /* ======================================================================== the network */
@@ -369,9 +394,12 @@ inline create_request() {
     if
 #ifdef RETENTION
     /* service._too_late / the clock_skew check, on the server's clock (contract §3.5): a
-       timestamp older than the retention is too late (fenced as expired, below); one
-       further ahead than the tolerance is refused, 422 clock_skew, nothing stored */
-    :: k_state == NOKEY && t_stamp + RET < clk ->
+       timestamp older than the retention is too late (fenced as expired, below; an advice:
+       422 advice_too_old, nothing stored); one further ahead than the tolerance is
+       refused, 422 clock_skew, nothing stored */
+    :: k_state == NOKEY && t_stamp + RET < clk && kind == ADVICE ->
+         code = R_TOO_OLD; respond()
+    :: k_state == NOKEY && t_stamp + RET < clk && kind != ADVICE ->
          k_state = EXPD; TOMB_AT; code = R_FENCED; respond()
 #ifndef MUTANT_NO_FUTURE_REFUSAL
     :: k_state == NOKEY && t_stamp + RET >= clk && t_stamp > clk + TOL ->
@@ -385,7 +413,7 @@ inline create_request() {
 #endif
          if
 #ifndef NO_EXPIRY
-         :: true ->
+         :: kind != ADVICE ->         /* an advice is exempt from expires_at (issue 16) */
               /* _too_late(body, key, now): now >= expires_at, or captured_at / the UUIDv7
                  key older than the tombstone window. The server's clock is not the
                  terminal's (expires_at comes from the SDK's clock), so the model lets any
@@ -456,7 +484,7 @@ end_request:
             atomic {
               (me == 0 || busy[0]) && req?[kind,ep] -> req?kind,ep; busy[me] = 1;
               if
-              :: kind == CREATE -> create_request()
+              :: kind == CREATE || kind == ADVICE -> create_request(); kind = CREATE
               :: kind == ABORT  -> kind = CREATE; abort_request()
               fi
             }
@@ -655,9 +683,56 @@ inline jfinal(s, r) { j_state = s; reported = r; finished = 1 }
 inline jlost_then() { skip }
 #endif
 
+#ifdef OFFLINE
+/* _forward.store_offline: accepted offline (STORED, then the SDK returns approved-offline;
+   the next call -- or recover() -- forwards it), or refused by a limit of the policy:
+   OfflineLimitError, a PaymentAborted(not_sent) */
+inline store_offline() {
+  if
+  :: j_state = J_STORED; reported = REP_OFFLINE; sold_offline = 1; fwd = 1; phase = CREATE
+  :: jfinal(J_ABORTED, REP_ABORTED)
+  fi
+}
+
+/* _forward._advise for the answer in `code`: the server's transaction ends the entry
+   RESOLVED, a fence or advice_too_old ends it REPORTED (never processed: the merchant
+   reconciles); a 404 resends the advice, same key; the link still down leaves it stored;
+   anything else (202, 409, no reply, a rejection) is looked up -- never aborted. The
+   entry stays STORED throughout. */
+inline forward_action() {
+  if
+  :: code == R_APPROVED || code == R_DECLINED ->
+       j_state = J_RESOLVED; fwd_out = code; finished = 1
+  :: code == R_FENCED || code == R_TOO_OLD ->
+       j_state = J_REPORTED; fwd_out = code; finished = 1
+  :: code == R_NOTFOUND -> phase = CREATE
+  :: code == R_NONE && !sent && phase == CREATE    /* still offline: try again later */
+  :: else ->
+       if
+       :: code == R_PROCESSING || code == R_BUSY -> w = W_PROC
+       :: else
+       fi;
+       phase = LOOKUP
+  fi;
+  code = R_NONE; sent = 0
+}
+#endif
+
 /* _actions.next_action for the answer in `code`, and the journal write that follows it
-   (a crash between the two is a crash while waiting: only the journal survives either way) */
+   (a crash between the two is a crash while waiting: only the journal survives either way);
+   -DOFFLINE: a stored payment's forward answers go to forward_action() */
 inline next_action() {
+#ifdef OFFLINE
+  if
+  :: fwd -> forward_action()
+  :: else -> sale_action()
+  fi
+#else
+  sale_action()
+#endif
+}
+
+inline sale_action() {
   if
   :: code == R_REJECTED ->
        /* a create attempt refused before anything was processed (issue 14): definitive
@@ -702,7 +777,20 @@ inline next_action() {
        :: else -> phase = CREATE                  /* pay(): resend, same request, same key */
        fi
 #endif
-  :: code == R_NONE && !sent && phase == CREATE   /* never left: create again */
+  :: code == R_NONE && !sent && phase == CREATE -> /* never left: create again */
+#ifdef OFFLINE
+       if                                         /* nothing may have reached the server:
+                                                     a sale may be accepted offline */
+       :: !booted && !maybe_sent -> store_offline()
+       :: true                                    /* or create again (connect_attempts) */
+       fi
+#else
+       skip
+#endif
+#ifdef MUTANT_OFFLINE_AFTER_SEND
+  :: code == R_NONE && sent && phase == CREATE && !booted ->
+       store_offline()                            /* a lost answer taken for a dead link */
+#endif
   :: else ->                                      /* 202, 409, no reply: in doubt */
        if
        :: j_state != J_IN_DOUBT -> jwrite(J_IN_DOUBT)
@@ -727,6 +815,7 @@ active proctype Terminal()
   mtype phase = CREATE;
   byte code, e, w;
   bool maybe_sent, free_pass, sent, finished, jlost, to_abort;
+  bool fwd;                               /* -DOFFLINE: forwarding a stored payment */
   bool booted;                            /* in recover(): after a reboot, or after
                                              PaymentInDoubt (the entry waits for it) */
 
@@ -776,11 +865,18 @@ active proctype Terminal()
 #endif
               free_pass = 1; maybe_sent = (j_state != J_PENDING);
               if
+#if defined(OFFLINE) && !defined(MUTANT_RECOVER_FENCES_STORED)
+              :: j_state == J_STORED ->   /* sold offline: forward it, never fence it */
+                   phase = CREATE; fwd = 1
+#endif
 #ifndef MUTANT_RECOVER_RESENDS
               :: j_state == J_PENDING ->  /* never sent: fence it with abort, never send */
                    phase = ABORT
 #endif
               :: else -> phase = LOOKUP   /* drive(start = LOOKUP, lookup_first) */
+#if defined(OFFLINE) && !defined(MUTANT_RECOVER_FENCES_STORED)
+                   ; assert(j_state != J_STORED)
+#endif
               fi
             }
             if
@@ -797,7 +893,7 @@ loop:
          :: true
          fi;
          if
-         :: t_deadline && !free_pass && phase != ABORT ->
+         :: t_deadline && !free_pass && phase != ABORT && !fwd ->
               phase = ABORT;
               if
               :: j_state != J_IN_DOUBT -> jwrite(J_IN_DOUBT)
@@ -807,8 +903,8 @@ loop:
          fi;
          free_pass = 0;
          if
-         :: phase == CREATE -> jwrite(J_SENT)
-         :: else
+         :: phase == CREATE && !fwd -> jwrite(J_SENT)
+         :: else                          /* a forward: record(STORED, attempts) */
          fi;
          if
          :: jlost -> jlost_then()         /* the write was refused: send nothing */
@@ -839,7 +935,20 @@ loop:
               :: phase == CREATE && rejects > 0 ->   /* refused before processing: 408 (body
                                                         too slow), 401, 413, a proxy's 4xx */
                    rejects--; e = 0; sent = 1; code = R_REJECTED; next_action()
-              :: nfull(req) -> t_cur = e; e = 0; req!phase,t_cur; inuse[t_cur]++; sent = 1
+              :: nfull(req) -> t_cur = e; e = 0;
+#ifdef OFFLINE
+                   if
+                   :: phase == ABORT && sold_offline -> stored_aborts++
+                   :: else
+                   fi;
+                   if
+                   :: fwd && phase == CREATE -> req!ADVICE,t_cur   /* entry_mode offline */
+                   :: else -> req!phase,t_cur
+                   fi;
+#else
+                   req!phase,t_cur;
+#endif
+                   inuse[t_cur]++; sent = 1
               fi
          fi
        }
@@ -904,7 +1013,8 @@ loop:
 #endif
          booted = 1;                      /* the next boot runs recover() */
          t_crash = 0; t_cur = NEP; mbox = R_NONE; phase = CREATE; code = R_NONE; e = 0;
-         maybe_sent = 0; free_pass = 0; sent = 0; w = W_NONE; jlost = 0; to_abort = 0
+         maybe_sent = 0; free_pass = 0; sent = 0; w = W_NONE; jlost = 0; to_abort = 0;
+         fwd = 0
        }
      }
   od;
@@ -994,7 +1104,8 @@ end_world:
   :: atomic { crashes > 0 && busy[1] && !crash[1] -> crash[1] = 1; crashes-- }
   :: atomic { crashes > 0 && busy[2] && !crash[2] -> crash[2] = 1; crashes-- }
   :: atomic { t_crashes > 0 && !t_crash &&
-              (j_state == J_PENDING || j_state == J_SENT || j_state == J_IN_DOUBT) ->
+              (j_state == J_PENDING || j_state == J_SENT || j_state == J_IN_DOUBT ||
+               j_state == J_STORED) ->
               t_crash = 1; t_crashes-- }
   /* the lease holder stalls past lease_until */
   :: atomic { pauses > 0 && k_state == PROC && k_live -> k_live = 0; pauses-- }
@@ -1035,7 +1146,7 @@ active proctype Time()
 #define P_B (!(t_count > 0 && (k_state == ABRT || k_state == EXPD)))
 /* what a driver reported (returned or raised) agrees with the ledger, now and later */
 #define REPORT_OK(r) \
-             ((r) == R_NONE || \
+             ((r) == R_NONE || (r) == REP_OFFLINE || \
               (((r) == REP_ABORTED || (r) == REP_REJECTED) && t_count == 0) || \
               (((r) == R_APPROVED || (r) == R_DECLINED) && t_count == 1 && t_status == (r)))
 #define P_C (t_count <= 1 && REPORT_OK(reported))
@@ -1061,7 +1172,20 @@ active proctype Time()
 #else
 #define P_J 1
 #endif
-#define SETTLED ((j_state == J_RESOLVED || j_state == J_ABORTED) && k_state != PROC)
+/* k (issue 16): store and forward stays exactly once -- a payment sold offline is never
+   aborted by its terminal nor fenced as expired (an advice is exempt from expires_at), and
+   its forward records what the ledger says: RESOLVED with the one transaction, REPORTED
+   with none (t_count <= 1 is c's) */
+#ifdef OFFLINE
+#define P_K (stored_aborts == 0 && !(sold_offline && k_state == EXPD) && \
+             !(j_state == J_REPORTED && t_count > 0) && \
+             !(sold_offline && j_state == J_RESOLVED && \
+               (t_count != 1 || t_status != fwd_out)))
+#else
+#define P_K 1
+#endif
+#define SETTLED ((j_state == J_RESOLVED || j_state == J_ABORTED || j_state == J_REPORTED) && \
+                 k_state != PROC)
 
 /* The safety properties as one monitor: it blocks until an invariant breaks, then the
    failing assertion names it. One search checks them all (scripts/verify.sh). A mutant run
@@ -1094,6 +1218,9 @@ active proctype Time()
 #ifndef CHK_J
 #define CHK_J 1
 #endif
+#ifndef CHK_K
+#define CHK_K 1
+#endif
 #define Q_A (!CHK_A || P_A)
 #define Q_B (!CHK_B || P_B)
 #define Q_C (!CHK_C || P_C)
@@ -1103,14 +1230,15 @@ active proctype Time()
 #define Q_H (!CHK_H || P_H)
 #define Q_I (!CHK_I || P_I)
 #define Q_J (!CHK_J || P_J)
+#define Q_K (!CHK_K || P_K)
 #ifdef MONITOR
 active proctype Monitor()
 {
 end_monitor:
   atomic {
-    !(Q_A && Q_B && Q_C && Q_E && Q_F && Q_G && Q_H && Q_I && Q_J) ->
+    !(Q_A && Q_B && Q_C && Q_E && Q_F && Q_G && Q_H && Q_I && Q_J && Q_K) ->
     assert(Q_A); assert(Q_B); assert(Q_C); assert(Q_E); assert(Q_F);
-    assert(Q_G); assert(Q_H); assert(Q_I); assert(Q_J)
+    assert(Q_G); assert(Q_H); assert(Q_I); assert(Q_J); assert(Q_K)
   }
 }
 #endif
@@ -1125,3 +1253,4 @@ ltl g { [] P_G }
 ltl h { [] P_H }
 ltl i { [] P_I }
 ltl j { [] P_J }
+ltl k { [] P_K }
