@@ -237,6 +237,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # mount_docs serves /docs from the app's own assets
         redoc_url=None,
+        # No OpenTelemetry here (metrics are Prometheus'): FastAPI's native telemetry would
+        # otherwise look up the global OTel providers on every request (issue 13, phase 3).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     mount_docs(app)
     # Outermost last: the request id is bound first, so a 408 carries X-Request-Id too.

@@ -77,6 +77,25 @@ TRANSACTION_COLUMNS = (
     "id, status, decline_reason, authorization_code, terminal_id, type, amount, currency,"
     " card_last4, card_brand, installments, created_at, processed_at, reversed_at, offline"
 )
+KEY_COLUMNS = (
+    "merchant_id, key, state, fingerprint, lease_token, lease_until, request,"
+    " response_status, response_body, terminal_id, created_at, deadline_at"
+)
+
+
+def _prefixed(columns: str, table: str) -> str:
+    return ", ".join(f"{table}.{column.strip()}" for column in columns.split(","))
+
+
+# The key row LEFT JOIN its transaction (the lookup's read): KEY_COLUMNS, then
+# TRANSACTION_COLUMNS (all NULL when the key has no transaction). Placeholders per backend.
+READ_KEY_AND_TRANSACTION = (
+    f"SELECT {_prefixed(KEY_COLUMNS, 'k')}, {_prefixed(TRANSACTION_COLUMNS, 't')}"
+    ' FROM idempotency_key AS k LEFT JOIN "transaction" AS t'
+    " ON t.merchant_id = k.merchant_id AND t.id = k.key"
+    " WHERE k.merchant_id = {merchant} AND k.key = {key}"
+)
+KEY_WIDTH = len(KEY_COLUMNS.split(","))
 
 
 class InlineWriter(Protocol):
@@ -90,6 +109,12 @@ class InlineWriter(Protocol):
 
     async def read_transaction(self, merchant_id: str, key: str) -> StoredTransaction | None:
         """The transaction row as committed now (a lookup's body), likewise."""
+
+    async def read_with_transaction(
+        self, merchant_id: str, key: str
+    ) -> tuple[KeyRecord | None, StoredTransaction | None]:
+        """A lookup's two rows in one read (one round trip, one snapshot): the key row, and
+        its transaction row when there is one (a completed key always has it)."""
 
     async def close(self) -> None:
         """Finish what was accepted, then release connections and threads."""
@@ -112,18 +137,39 @@ def build(
     if txn.status == "approved":
         kind, signed = repository._ledger_amount(txn.type, txn.amount)
         ledger = {"entry_id": str(uuid.uuid4()), "amount": signed, "kind": kind}
-    event = outbox.new_event(
-        merchant_id=merchant_id,
-        event_type=outbox.COMPLETED,
-        transaction_id=key,
-        data=repository.body_of(txn),
-        now=txn.processed_at,
-    )
+    response_body = repository.render(txn)
     return InlineCreate(
         txn=txn,
         fingerprint=fingerprint,
-        response_body=repository.render(txn),
+        response_body=response_body,
         issuer_key=issuer_key,
         ledger=ledger,
-        event=event,
+        event=completed_event(merchant_id, key, response_body, txn.processed_at),
     )
+
+
+def completed_event(
+    merchant_id: str, key: str, response_body: str, now: datetime
+) -> dict[str, Any]:
+    """``outbox.new_event(event_type=COMPLETED, data=body_of(txn), …)``'s row, byte for byte,
+    with the rendered response as ``data`` instead of the body encoded a second time (``data``
+    is the payload's last member; tests/api/transactions/test_inline_writers.py holds the two
+    equal)."""
+    event_id = str(uuid.uuid4())
+    head = repository.dumps(
+        {
+            "event_id": event_id,
+            "type": outbox.COMPLETED,
+            "merchant_id": merchant_id,
+            "transaction_id": key,
+            "occurred_at": repository.iso(now),
+        }
+    )
+    return {
+        "event_id": event_id,
+        "merchant_id": merchant_id,
+        "type": outbox.COMPLETED,
+        "transaction_id": key,
+        "payload": f'{head[:-1]},"data":{response_body}}}',
+        "created_at": now,
+    }

@@ -33,6 +33,8 @@ from api.db import DriverPool, utcnow
 from api.idempotency.store import KeyRecord
 from api.storage_errors import storage_unavailable
 from api.transactions.inline import (
+    KEY_WIDTH,
+    READ_KEY_AND_TRANSACTION,
     TRANSACTION_COLUMNS,
     InlineCreate,
     StorageUnavailableError,
@@ -76,6 +78,8 @@ SELECT merchant_id, key, state, fingerprint, lease_token, lease_until, request,
   response_status, response_body, terminal_id, created_at, deadline_at
 FROM idempotency_key WHERE merchant_id = $1 AND key = $2
 """
+
+READ_WITH_TRANSACTION = READ_KEY_AND_TRANSACTION.format(merchant="$1", key="$2")
 
 READ_TRANSACTION = (
     f'SELECT {TRANSACTION_COLUMNS} FROM "transaction" WHERE merchant_id = $1 AND id = $2'
@@ -135,6 +139,16 @@ class PgInline:
     async def read_transaction(self, merchant_id: str, key: str) -> StoredTransaction | None:
         row = await self._call("fetchrow", READ_TRANSACTION, merchant_id, key)
         return StoredTransaction(*row) if row is not None else None
+
+    async def read_with_transaction(
+        self, merchant_id: str, key: str
+    ) -> tuple[KeyRecord | None, StoredTransaction | None]:
+        row = await self._call("fetchrow", READ_WITH_TRANSACTION, merchant_id, key)
+        if row is None:
+            return None, None
+        record = KeyRecord(*row[:KEY_WIDTH])
+        txn = StoredTransaction(*row[KEY_WIDTH:]) if row[KEY_WIDTH] is not None else None
+        return record, txn
 
     async def close(self) -> None:
         """Close the pool's connections (the app's shutdown, after the last request)."""

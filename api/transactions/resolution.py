@@ -27,12 +27,14 @@ from api.transactions.service import ABORTED_DETAIL, TransactionService
 NOT_FOUND_DETAIL = "Nothing was processed under this key."
 
 
-async def _current(service: TransactionService, record: KeyRecord) -> tuple[bytes, bool]:
-    """The transaction body as the database has it now, and whether it is reversed."""
-    txn: Any
-    if service.inline is not None:  # one prepared SELECT, no lock (api/transactions/inline.py)
+async def _current(
+    service: TransactionService, record: KeyRecord, txn: Any = None
+) -> tuple[bytes, bool]:
+    """The transaction body as the database has it now (or as ``txn``, read with the key),
+    and whether it is reversed."""
+    if txn is None and service.inline is not None:  # one prepared SELECT, no lock (inline.py)
         txn = await service.inline.read_transaction(record.merchant_id, record.key)
-    else:
+    elif txn is None:
         async with service.reader.connect() as conn:
             txn = await repository.get(conn, record.merchant_id, record.key)
     if txn is None:  # completed keys always have their transaction (one commit)
@@ -49,13 +51,17 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
     cached = await service.cache.get_lookup(merchant_id, key)
     if cached is not None:
         return Outcome(200, cached, Event.FOUND, Status.PROCESSED)
-    record = await service.read(merchant_id, key)
+    txn = None
+    if service.inline is not None:  # the key and its transaction in one read (one round trip)
+        record, txn = await service.inline.read_with_transaction(merchant_id, key)
+    else:
+        record = await service.read(merchant_id, key)
     if record is None:
         error: ApiError = NotFoundError(NOT_FOUND_DETAIL)
         return from_error(error, event=Event.NOT_FOUND, idempotency_status=Status.NOT_FOUND)
     terminal = record.terminal_id
     if record.state == KeyState.COMPLETED:
-        body, reversed_ = await _current(service, record)
+        body, reversed_ = await _current(service, record, txn)
         # versioned: if a reversal committed since our read, its entry wins (contract §3.7)
         await service.cache.put_lookup(merchant_id, key, body, reversed_=reversed_)
         return Outcome(200, body, Event.FOUND, Status.PROCESSED, terminal_id=terminal)

@@ -28,6 +28,8 @@ from typing import Any
 
 from api.idempotency.store import KeyRecord
 from api.transactions.inline import (
+    KEY_WIDTH,
+    READ_KEY_AND_TRANSACTION,
     TRANSACTION_COLUMNS,
     InlineCreate,
     StorageUnavailableError,
@@ -66,6 +68,7 @@ _READ_KEY = (
 _READ_TRANSACTION = (
     f'SELECT {TRANSACTION_COLUMNS} FROM "transaction" WHERE merchant_id = ? AND id = ?'
 )
+_READ_WITH_TRANSACTION = READ_KEY_AND_TRANSACTION.format(merchant="?", key="?")
 _STOP = object()
 Statements = list[tuple[str, tuple[Any, ...]]]
 
@@ -253,20 +256,32 @@ class SqliteInline:
         return _record(await self.reader.submit((_READ_KEY, (merchant_id, key))))
 
     async def read_transaction(self, merchant_id: str, key: str) -> StoredTransaction | None:
-        row = await self.reader.submit((_READ_TRANSACTION, (merchant_id, key)))
+        return _transaction(await self.reader.submit((_READ_TRANSACTION, (merchant_id, key))))
+
+    async def read_with_transaction(
+        self, merchant_id: str, key: str
+    ) -> tuple[KeyRecord | None, StoredTransaction | None]:
+        row = await self.reader.submit((_READ_WITH_TRANSACTION, (merchant_id, key)))
         if row is None:
-            return None
-        (id_, status, reason, code, terminal, type_, amount, currency, last4, brand,
-         installments, created_at, processed_at, reversed_at, offline) = row  # fmt: skip
-        return StoredTransaction(
-            id_, status, reason, code, terminal, type_, amount, currency, last4, brand,
-            installments, _loaded(created_at), _loaded(processed_at), _maybe(reversed_at),
-            bool(offline),
-        )  # fmt: skip
+            return None, None
+        txn = row[KEY_WIDTH:]
+        return _record(row[:KEY_WIDTH]), _transaction(txn if txn[0] is not None else None)
 
     async def close(self) -> None:
         await self.writer.close()
         await self.reader.close()
+
+
+def _transaction(row: tuple[Any, ...] | None) -> StoredTransaction | None:
+    if row is None:
+        return None
+    (id_, status, reason, code, terminal, type_, amount, currency, last4, brand,
+     installments, created_at, processed_at, reversed_at, offline) = row  # fmt: skip
+    return StoredTransaction(
+        id_, status, reason, code, terminal, type_, amount, currency, last4, brand,
+        installments, _loaded(created_at), _loaded(processed_at), _maybe(reversed_at),
+        bool(offline),
+    )  # fmt: skip
 
 
 def _record(row: tuple[Any, ...] | None) -> KeyRecord | None:

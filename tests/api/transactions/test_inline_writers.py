@@ -5,6 +5,7 @@ its lock-free reads."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import uuid
 from collections import Counter
@@ -205,3 +206,49 @@ async def test_lookup_renders_the_transaction_as_committed_now(ctx: AppContext) 
     again = await resolution.lookup(ctx.service, "m-look", key)
     assert again.body == reversed_.body and b'"status":"reversed"' in again.body
     assert b'"reversed_at":null' not in again.body
+
+
+def test_the_outbox_payload_is_the_one_outbox_new_event_writes() -> None:
+    """The one-write create embeds its rendered response as the event's ``data`` instead of
+    encoding the body twice: the payload must stay byte for byte what outbox.new_event makes."""
+    from api.outbox import writer as outbox
+    from api.transactions import repository
+
+    for text in ('Café ☕ "quoted" \\ \n', "plain"):
+        request = TransactionCreate.model_validate(
+            body(terminal_id="T-1", metadata={"note": text, "n": 1.5})
+        )
+        txn = repository.NewTransaction(
+            merchant_id="mer_x", id=str(uuid.uuid4()), terminal_id=request.terminal_id,
+            type=request.type, amount=request.amount, currency=request.currency,
+            card_last4=request.card.last4, card_brand=text, card_fingerprint="f",
+            installments=1, status="approved", decline_reason=None, authorization_code="A1",
+            captured_at=None, created_at=utcnow(), processed_at=utcnow(), metadata_json=None,
+        )  # fmt: skip
+        rendered = repository.render(txn)
+        assert rendered == json.dumps(repository.body_of(txn), separators=(",", ":"))
+        ours = inline.completed_event("mer_x", txn.id, rendered, txn.processed_at)
+        theirs = outbox.new_event(
+            merchant_id="mer_x",
+            event_type=outbox.COMPLETED,
+            transaction_id=txn.id,
+            data=repository.body_of(txn),
+            now=txn.processed_at,
+        )
+        theirs["payload"] = theirs["payload"].replace(theirs["event_id"], ours["event_id"])
+        assert ours == {**theirs, "event_id": ours["event_id"]}
+
+
+async def test_a_lookup_reads_the_key_and_its_transaction_together(ctx: AppContext) -> None:
+    assert ctx.service.inline is not None
+    read = ctx.service.inline.read_with_transaction
+    assert await read("m-join", str(uuid.uuid4())) == (None, None)
+    key = str(uuid.uuid4())
+    request, fingerprint = _request()
+    created = await ctx.service.create("m-join", key, request, fingerprint)
+    record, txn = await read("m-join", key)
+    assert record == await ctx.service.inline.read("m-join", key)
+    assert txn == await ctx.service.inline.read_transaction("m-join", key)
+    assert txn is not None and txn.status == "approved"
+    assert (await resolution.lookup(ctx.service, "m-join", key)).body == created.body
+    assert await read("m-other", key) == (None, None)  # another merchant's key is not ours
