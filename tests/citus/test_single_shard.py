@@ -137,13 +137,10 @@ def test_every_hot_path_statement_plans_to_one_shard(
 ) -> None:
     plans, _ = hot_path
     seen = " ".join(p.statement.sql for p in plans)
-    for table in (
-        "idempotency_key",
-        "transaction",
-        "ledger_entry",
-        "outbox_event",
-        "request_event",
-    ):
+    tables = ["idempotency_key", "transaction", "ledger_entry", "outbox_event"]
+    if not PENDING_CODE_CHANGES:  # until then the event writer's insert cannot be planned
+        tables.append("request_event")
+    for table in tables:
         assert table in seen, f"no hot-path statement on {table} was seen: {seen[:500]}"
     port = citus.coordinator.port
     multi = [p for p in plans if not p.single_shard(port)]
@@ -158,7 +155,9 @@ def test_the_executor_routes_each_by_its_merchant(
 ) -> None:
     """citus_stat_statements: a router query records its shard's key (the merchant); the
     one-write create's CTE is planned in steps (Citus never routes an INSERT … in a CTE as
-    one query), so its single shard is shown by its EXPLAIN above instead."""
+    one query), so its single shard is shown by its EXPLAIN above instead; so is the event
+    writer's batch (``INSERT … SELECT FROM unnest(…)``: Citus routes its rows one by one, and
+    a batch of several merchants' events is a multi-shard write, off the request path)."""
     _, stats = hot_path
     unrouted = [
         s
@@ -166,6 +165,7 @@ def test_the_executor_routes_each_by_its_merchant(
         if s["partition_key"] is None
         and DISTRIBUTED_TABLE.search(str(s["query"]))
         and not str(s["query"]).lstrip().startswith("WITH k AS")
+        and not (s["executor"] == "insert-select" and "INTO request_event" in str(s["query"]))
     ]
     broken = [s for s in unrouted if not _pending(str(s["query"]))]
     assert not broken, broken
