@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
@@ -16,6 +17,8 @@ from api.config import Settings
 from api.db import create_engine
 from idempay_tools.invariants import InvariantReport, check_invariants
 from tests.support.client import Api, body, new_key
+
+BACKOFF = 0.05  # seconds a terminal waits after an answer other than 201
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Fleet:
                     self.answers.append(
                         Answer(merchant_id, key, status, phase, sent, time.monotonic())
                     )
+                if status != 201:
+                    time.sleep(BACKOFF)  # a terminal waits before its next sale
 
     def stop(self) -> None:
         self._stop.set()
@@ -79,16 +84,16 @@ class Fleet:
 
     def retry_unanswered(self) -> dict[str, int]:
         """Every key not answered 201, again with the same key and body: key → status."""
-        again: dict[str, int] = {}
-        for answer in self.answers:
-            if answer.status == 201:
-                continue
+        unanswered = [a for a in self.answers if a.status != 201]
+        terminals = {m: f"T-{n:04d}" for n, m in enumerate(self.merchants)}
+
+        def again(answer: Answer) -> tuple[str, int]:
             api = self.merchants[answer.merchant_id]
-            terminal = f"T-{list(self.merchants).index(answer.merchant_id):04d}"
-            again[answer.key] = api.create(
-                answer.key, body(terminal_id=terminal, amount=700)
-            ).status_code
-        return again
+            payload = body(terminal_id=terminals[answer.merchant_id], amount=700)
+            return answer.key, api.create(answer.key, payload).status_code
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return dict(pool.map(again, unanswered))
 
 
 def invariants(database_url: str, merchant_ids: list[str], approved: list[str]) -> InvariantReport:
