@@ -3,7 +3,8 @@ and flushed in batches by a background task, so the request path never waits on 
 
 The request path only appends its ``Event`` to the queue; the writer builds the rows. Each
 event gets its ``event_id`` when a flush first takes it (unless it came with one), and the
-flush inserts with ``ON CONFLICT (event_id) DO NOTHING``: a batch retried after an error —
+flush inserts with ``ON CONFLICT (merchant_id, event_id) DO NOTHING`` (the table's key since
+migration 0008, the one a Citus shard can check too): a batch retried after an error —
 even one whose COMMIT succeeded and whose reply was lost — lands once, because a flush that
 fails or is cancelled puts its batch back on the queue as the rows it built, ids included.
 On Postgres a batch is one ``INSERT … SELECT FROM unnest(…)`` statement (one array per
@@ -90,7 +91,7 @@ PG_INSERT = """INSERT INTO request_event (event_id, ts, merchant_id, terminal_id
 SELECT * FROM unnest($1::varchar[], $2::timestamptz[], $3::varchar[], $4::varchar[],
   $5::varchar[], $6::varchar[], $7::varchar[], $8::int[], $9::int[], $10::varchar[],
   $11::float8[])
-ON CONFLICT (event_id) DO NOTHING
+ON CONFLICT (merchant_id, event_id) DO NOTHING
 """
 
 
@@ -115,7 +116,9 @@ def _row(item: Event | Row) -> Row:
 
 def _insert_once(dialect: str) -> Any:
     module = postgresql if dialect == "postgresql" else sqlite
-    return module.insert(RequestEvent).on_conflict_do_nothing(index_elements=["event_id"])
+    return module.insert(RequestEvent).on_conflict_do_nothing(
+        index_elements=["merchant_id", "event_id"]
+    )
 
 
 class EventWriter:
