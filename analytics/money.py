@@ -33,12 +33,12 @@ def suspected_double_charges(transactions: DataFrame) -> DataFrame:
 
     One shuffle (by the group): copies of a row land together and are dropped there, and
     the window needs no other exchange."""
-    ordered = Window.partitionBy(*SUSPECT_GROUP).orderBy("created_at", "transaction_id")
+    ordered = Window.partitionBy(*SUSPECT_ORDER).orderBy("created_at", "transaction_id")
     purchases = (
         transactions.where(is_approved_purchase())
         .select(*SUSPECT_GROUP, "transaction_id", "created_at")
-        .repartition(*SUSPECT_GROUP)
-        .dropDuplicates([*SUSPECT_GROUP, "transaction_id"])
+        .repartition(*SUSPECT_ORDER)
+        .dropDuplicates([*SUSPECT_ORDER, "transaction_id"])
     )
     pairs = (
         purchases.withColumn("first_transaction_id", F.lag("transaction_id").over(ordered))
@@ -67,40 +67,104 @@ def suspected_double_charges(transactions: DataFrame) -> DataFrame:
     )
 
 
+DOUBLED, ORPHAN = "duplicate_charge", "charge_without_transaction"
+# Grouping and sorting by the UUID first: its first bytes tell rows apart, so Spark's sort
+# settles on 8-byte prefixes instead of comparing whole rows (every row of a merchant shares
+# the merchant id's prefix).
+TXN_ORDER = ["transaction_id", "merchant_id"]
+SUSPECT_ORDER = ["card_fingerprint", "terminal_id", "merchant_id", "amount", "currency"]
+
+
+def _ledger_keys(transactions: DataFrame, ledger_entries: DataFrame) -> DataFrame:
+    """One row per (merchant_id, transaction_id) of either table: ``transaction_rows`` read
+    (copies included) and the earliest ``txn_at``; ``entry_rows`` read, ``entries``
+    (distinct ``entry_id``) and ``charges`` (distinct charge entries). One shuffle of both
+    tables by the key, no join; the aggregates keep fixed-width buffers, so Spark hashes
+    instead of sorting."""
+    none = F.lit(None)
+    txn_side = transactions.select(
+        *TXN_KEY,
+        F.col("created_at").alias("txn_at"),
+        none.cast("string").alias("entry_id"),
+        F.lit(False).alias("is_charge"),
+    )
+    entry_side = ledger_entries.select(
+        *TXN_KEY,
+        none.cast("timestamp").alias("txn_at"),
+        "entry_id",
+        is_charge().alias("is_charge"),
+    )
+    per_entry = (
+        txn_side.unionByName(entry_side)
+        .repartition(*TXN_ORDER)
+        .groupBy(*TXN_ORDER, "entry_id")
+        .agg(
+            F.count("txn_at").alias("transaction_rows"),
+            F.min("txn_at").alias("txn_at"),
+            F.count("entry_id").alias("entry_rows"),
+            F.bool_or("is_charge").alias("is_charge"),
+        )
+    )
+    return per_entry.groupBy(*TXN_ORDER).agg(
+        F.sum("transaction_rows").alias("transaction_rows"),
+        F.min("txn_at").alias("txn_at"),
+        F.sum("entry_rows").alias("entry_rows"),
+        F.count("entry_id").alias("entries"),
+        F.count_if(F.col("is_charge") & F.col("entry_id").isNotNull()).alias("charges"),
+    )
+
+
+def ledger_days(transactions: DataFrame, ledger_entries: DataFrame) -> DataFrame:
+    """The ledger pass, summed per transaction date (null for keys without a transaction):
+    a few rows. ``transactions`` (distinct), ``transaction_rows`` (read), ``entries``
+    (distinct), ``entry_rows`` (read); ``doubled``: the transactions of the day with more
+    than one charge entry, as (transaction key, charge entries) rows; ``orphan_keys``: the
+    keys with charges but no transaction (on the null day)."""
+    keys = _ledger_keys(transactions, ledger_entries)
+    exists = F.col("transaction_rows") > 0
+    key = F.struct(*TXN_KEY)
+    doubled = F.when(exists & (F.col("charges") > 1), F.struct(*TXN_KEY, "charges"))
+    orphan = F.when(~exists & (F.col("charges") > 0), key)
+    return keys.groupBy(F.to_date("txn_at").alias("event_date")).agg(
+        F.count_if(exists).alias("transactions"),
+        F.sum("transaction_rows").alias("transaction_rows"),
+        F.sum("entries").alias("entries"),
+        F.sum("entry_rows").alias("entry_rows"),
+        F.collect_list(doubled).alias("doubled"),
+        F.collect_list(orphan).alias("orphan_keys"),
+    )
+
+
+def violations_of(days: DataFrame, ledger_entries: DataFrame) -> DataFrame:
+    """The exactly-once violations of ``ledger_days``: one row per doubled transaction
+    (dated by it), and one per charge entry of an orphan key (dated by the entry), read
+    back from the ledger by a broadcast semi-join with those few keys (Spark skips the
+    read when there is none)."""
+    doubled = days.select("event_date", F.explode("doubled").alias("d")).select(
+        "event_date",
+        "d.merchant_id",
+        "d.transaction_id",
+        F.lit(DOUBLED).alias("violation"),
+        F.col("d.charges").alias("charge_entries"),
+        F.lit(None).cast("string").alias("entry_id"),
+    )
+    orphan_keys = days.select(F.explode("orphan_keys").alias("k")).select("k.*")
+    orphans = (
+        ledger_entries.where(is_charge())
+        .join(F.broadcast(orphan_keys), on=TXN_KEY, how="left_semi")
+        .dropDuplicates(["entry_id"])
+        .select(
+            F.to_date("created_at").alias("event_date"),
+            *TXN_KEY,
+            F.lit(ORPHAN).alias("violation"),
+            F.lit(1).cast("long").alias("charge_entries"),
+            "entry_id",
+        )
+    )
+    return doubled.unionByName(orphans).select(*VIOLATION_COLUMNS)
+
+
 def exactly_once_violations(transactions: DataFrame, ledger_entries: DataFrame) -> DataFrame:
     """Transactions with more than one charge entry (dated by the transaction), and charge
-    entries whose transaction does not exist (dated by the entry). Must be empty.
-
-    Both sides are partitioned by (merchant_id, transaction_id) once — the transactions by
-    their groupBy, the charges by a repartition that also drops copied entries — so the
-    join and the window over its output need no further shuffle."""
-    known = transactions.groupBy(*TXN_KEY).agg(F.min("created_at").alias("txn_created_at"))
-    charges = (
-        ledger_entries.where(is_charge())
-        .select(*TXN_KEY, "entry_id", "created_at")
-        .repartition(*TXN_KEY)
-        .dropDuplicates([*TXN_KEY, "entry_id"])
-    )
-    per_transaction = Window.partitionBy(*TXN_KEY)
-    matched = (
-        charges.join(known, on=TXN_KEY, how="left")
-        .withColumn("charge_entries", F.count(F.lit(1)).over(per_transaction))
-        .withColumn("nth", F.row_number().over(per_transaction.orderBy("entry_id")))
-    )
-    is_orphan = F.col("txn_created_at").isNull()
-    is_doubled = ~is_orphan & (F.col("charge_entries") > 1) & (F.col("nth") == 1)
-    return (
-        matched.where(is_orphan | is_doubled)
-        .select(
-            F.to_date(F.coalesce(F.col("txn_created_at"), F.col("created_at"))).alias("event_date"),
-            *TXN_KEY,
-            F.when(is_orphan, F.lit("charge_without_transaction"))
-            .otherwise(F.lit("duplicate_charge"))
-            .alias("violation"),
-            F.when(is_orphan, F.lit(1).cast("long"))
-            .otherwise(F.col("charge_entries"))
-            .alias("charge_entries"),
-            F.when(is_orphan, F.col("entry_id")).alias("entry_id"),
-        )
-        .select(*VIOLATION_COLUMNS)
-    )
+    entries whose transaction does not exist (dated by the entry). Must be empty."""
+    return violations_of(ledger_days(transactions, ledger_entries), ledger_entries)

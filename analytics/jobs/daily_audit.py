@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +29,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make `analytics` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+from pyspark.sql import DataFrame, Row, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
+from pyspark.sql.types import StructType  # noqa: E402
 
 from analytics import lake_health, money, outputs, report, schemas, transforms  # noqa: E402
 from analytics.lake_health import LakeHealth  # noqa: E402
@@ -93,33 +98,34 @@ def _report_duplicates(health: LakeHealth, table: str, *, read: int, unique: int
         health.add("duplicates", table, None, f"{read - unique} rows repeat a ({key}): dropped")
 
 
-def _count_duplicates(df: DataFrame, table: str, health: LakeHealth) -> None:
-    """Counts rows and distinct identities (a shuffle of the identity columns only)."""
-    unique = transforms.drop_duplicate_rows(df.select(*UNIQUE[table]), UNIQUE[table]).count()
-    _report_duplicates(health, table, read=df.count(), unique=unique)
-
-
 def _per_day(df: DataFrame, counted: Any, *, start: date, end: date) -> dict[str, int]:
     in_range = transforms.in_range(df, start=start, end=end)
     rows = in_range.groupBy("event_date").agg(counted.alias("n")).collect()
     return {row["event_date"].isoformat(): int(row["n"]) for row in rows}
 
 
+def _total(df: DataFrame, *columns: str) -> list[int]:
+    row = df.agg(*[F.sum(c) for c in columns]).collect()[0]
+    return [int(value or 0) for value in row]
+
+
 def _cubes(raw_events: DataFrame, health: LakeHealth) -> transforms.Cubes:
-    """The events' small tables (``transforms.Cubes``), in two passes over the lake: the
-    key facts (one shuffle by key, copies dropped there), then the event counts and
-    latencies straight from the files — through the same dedup only when the first pass
-    found copies."""
+    """The events' small tables (``transforms.Cubes``): the key facts in one shuffle by key
+    (copies dropped there), the event counts straight from the files; if those counted
+    more events than the keys hold, the lake has copies: the event counts are redone, and
+    the latencies done, from the events with copies dropped."""
     keys = transforms.key_cube(transforms.key_facts(transforms.events_by_key(raw_events)))
     keys = keys.cache()
-    unique = int(keys.agg(F.sum("events")).collect()[0][0] or 0)
-    read = raw_events.count()
+    events = transforms.event_cube(raw_events).cache()
+    [unique], [read] = _total(keys, "events"), _total(events, "events")
     _report_duplicates(health, "request_events", read=read, unique=unique)
-    events = raw_events if read == unique else transforms.events_by_key(raw_events)
+    source = raw_events
+    if read > unique:
+        events.unpersist()
+        source = transforms.drop_duplicate_rows(raw_events, [*transforms.KEY, "event_id"])
+        events = transforms.event_cube(source).cache()
     return transforms.Cubes(
-        keys=keys,
-        events=transforms.event_cube(events).cache(),
-        latencies=transforms.create_latencies(events).cache(),
+        keys=keys, events=events, latencies=transforms.create_latencies(source).cache()
     )
 
 
@@ -150,6 +156,20 @@ def write_csv(path: Path, columns: Sequence[str], rows: list[dict[str, Any]]) ->
     tmp.replace(path)
 
 
+def write_parquet(folder: Path, schema: StructType, rows: list[Row]) -> None:
+    """The collected rows as a Parquet folder (one file and ``_SUCCESS``, as Spark writes
+    it), by the driver: no Spark job, and the query is not run again. Replaced whole."""
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    table = pa.Table.from_pylist([row.asDict() for row in rows], schema=arrow_schema)
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    pq.write_table(table, tmp / "part-00000.parquet")
+    (tmp / "_SUCCESS").touch()
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
 def audit_tables(
     spark: SparkSession, *, lake: str, start: date, end: date, health: LakeHealth | None = None
 ) -> dict[str, DataFrame]:
@@ -160,20 +180,19 @@ def audit_tables(
     cubes = _cubes(raw_events, health)
     transactions = read_table(spark, lake, "transactions", health)
     ledger = read_table(spark, lake, "ledger_entries", health)
-    _count_duplicates(transactions, "transactions", health)
-    _count_duplicates(ledger, "ledger_entries", health)
+    ledger_days = money.ledger_days(transactions, ledger).cache()
+    unique, read, entries, entry_rows = _total(
+        ledger_days, "transactions", "transaction_rows", "entries", "entry_rows"
+    )
+    _report_duplicates(health, "transactions", read=read, unique=unique)
+    _report_duplicates(health, "ledger_entries", read=entry_rows, unique=entries)
     lake_health.days_without_events(
-        _per_day(
-            transforms.with_event_date(transactions, "created_at"),
-            F.count(F.lit(1)),
-            start=start,
-            end=end,
-        ),
+        _per_day(ledger_days, F.sum("transactions"), start=start, end=end),
         _per_day(cubes.events, F.sum("events"), start=start, end=end),
         health,
     )
     suspects = money.suspected_double_charges(transactions).cache()
-    violations = money.exactly_once_violations(transactions, ledger).cache()
+    violations = money.violations_of(ledger_days, ledger).cache()
     summary = outputs.daily_summary(cubes, suspects, violations, start=start, end=end).cache()
     return {
         "daily_summary": summary,
@@ -182,7 +201,7 @@ def audit_tables(
             "event_date", "merchant_id", "second_transaction_id"
         ),
         "exactly_once_violations": transforms.in_range(violations, start=start, end=end).orderBy(
-            "event_date", "merchant_id", "transaction_id"
+            "event_date", "merchant_id", "transaction_id", "entry_id"
         ),
         "network_rates": outputs.network_rates(cubes, start=start, end=end),
         "terminal_link_loss": outputs.terminal_link_loss(cubes.keys, start=start, end=end),
@@ -212,9 +231,7 @@ def run_audit(
         collected = df.collect()
         rows[name] = [{k: _plain(v) for k, v in row.asDict().items()} for row in collected]
         write_csv(out / f"{name}.csv", df.columns, rows[name])
-        # The Parquet folder from the rows already collected: the query is not run twice.
-        written = spark.createDataFrame(collected, schema=df.schema).coalesce(1)
-        written.write.mode("overwrite").parquet(str(out / name))
+        write_parquet(out / name, df.schema, collected)
     write_csv(out / "lake_warnings.csv", lake_health.COLUMNS, health.warnings)
     on_stage("rendering report.html")
     audit = report.AuditData(start=start, end=end, lake_warnings=health.warnings, **rows)

@@ -32,10 +32,12 @@ D3 = 2026-11-22: no events at all (the fleet row is there, all zeros).
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from analytics import duckdb_reference, money, outputs, transforms
@@ -214,3 +216,23 @@ def test_range_reports_nothing_outside_it_but_keys_stay_whole(spark: SparkSessio
     rows = [(r.event_date, r.transactions, r.create_requests, r.retried_transactions)
             for r in summary.collect()]  # fmt: skip
     assert rows == [(D2, 2, 8, 1)]
+
+
+def test_latency_percentiles_are_sparks_percentile_to_the_bit(spark: SparkSession) -> None:
+    """``create_latencies`` reads percentiles from sorted arrays; on 400 groups of 1–60
+    values (ties, several magnitudes), each equals Spark's exact ``percentile`` exactly."""
+    rng = random.Random(1)
+    rows = [
+        (group, rng.lognormvariate(5, 1) * rng.choice([1.0, 1.0001, 3.3]))
+        for group in range(400)
+        for _ in range(rng.randint(1, 60))
+    ]
+    values = spark.createDataFrame(rows, "group int, v double")
+    fractions = [0.5, 0.95, 0.99]
+    expected = values.groupBy("group").agg(F.percentile("v", fractions).alias("p"))
+    ordered = values.groupBy("group").agg(F.array_sort(F.collect_list("v")).alias("a"))
+    actual = ordered.select(
+        "group",
+        F.array(*[transforms.percentile_of_sorted(F.col("a"), f) for f in fractions]).alias("p"),
+    )
+    assertDataFrameEqual(actual, expected, rtol=0.0, atol=0.0)
