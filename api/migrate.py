@@ -47,11 +47,6 @@ REFERENCE = (
 # Left on the coordinator, which only ``idempay migrate`` reads.
 LOCAL = ("alembic_version",)
 DISTRIBUTION_COLUMN = "merchant_id"
-# Unique constraints without the distribution column, which plain Postgres and SQLite keep
-# for a writer that names them as its conflict target and Citus cannot have: dropped just
-# before their table is distributed. request_event's: api/events/writer.py inserts with
-# ON CONFLICT (event_id); on Citus it must name (merchant_id, event_id) instead.
-DROPPED_ON_CITUS = {"request_event": ("uq_request_event_event_id",)}
 
 
 def alembic_config(settings: Settings) -> Config:
@@ -99,8 +94,6 @@ def distribute(connection: Connection) -> list[str]:
             continue
         had_rows = connection.execute(text(f'SELECT 1 FROM "{table}" LIMIT 1')).first() is not None
         name = f'"{table}"'
-        for constraint in DROPPED_ON_CITUS.get(table, ()):
-            connection.execute(text(f"ALTER TABLE {name} DROP CONSTRAINT IF EXISTS {constraint}"))
         if table in REFERENCE:
             connection.execute(text("SELECT create_reference_table(:t)"), {"t": name})
         else:

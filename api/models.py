@@ -145,11 +145,6 @@ class RequestEvent(Base):
     network: Mapped[str | None] = mapped_column(String(16), nullable=True)
     latency_ms: Mapped[float] = mapped_column(Float)
     exported_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    __table_args__ = (
-        # The event writer's conflict target (ON CONFLICT (event_id)); not on Citus, where
-        # ``api.migrate.distribute`` drops it (api.migrate.DROPPED_ON_CITUS).
-        UniqueConstraint("event_id", name="uq_request_event_event_id"),
-    )
 
 
 class IssuerAuthorization(Base):

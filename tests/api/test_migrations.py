@@ -21,7 +21,6 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from api.config import Settings
 from api.migrate import (
     DISTRIBUTED,
-    DROPPED_ON_CITUS,
     LOCAL,
     MIGRATION_LOCK,
     REFERENCE,
@@ -261,7 +260,7 @@ def check_merchant_keys(settings: Settings, sql: Callable[[str], list[Any]]) -> 
     for table in ("ledger_entry", "request_event", "outbox_event", '"transaction"'):
         assert sql(f"SELECT count(*) FROM {table}")[0][0] == 1, table
     uniques = inspect(settings, lambda i, t: i.get_unique_constraints(t))["request_event"]
-    assert [u["column_names"] for u in uniques] == [["event_id"]]  # the writer's (not Citus)
+    assert uniques == []  # 0008 kept (event_id) for the writer until 0009
     owners = dict(sql("SELECT issuer_key, merchant_id FROM issuer_authorization"))
     assert owners == {issuer_key("mer_a", "k1"): "mer_a", "orphan": ""}
 
@@ -308,7 +307,5 @@ def test_every_table_has_a_place_on_citus() -> None:
         table = Base.metadata.tables[name]
         assert "merchant_id" in table.primary_key.columns, name
         for constraint in table.constraints:
-            if constraint.name in DROPPED_ON_CITUS.get(name, ()):
-                continue  # plain Postgres and SQLite only
             if isinstance(constraint, sa.UniqueConstraint):
                 assert "merchant_id" in constraint.columns, (name, constraint.name)
