@@ -268,6 +268,7 @@ def _trend_charts(data: AuditData) -> str:
         line_chart(f"{title} per day", labels, [row[key] for row in days])
         for key, title in (
             ("retry_rate", "Retry rate"),
+            ("link_loss_rate", "Link loss"),
             ("duplicate_rate", "Duplicate rate"),
             ("in_doubt_rate", "In-doubt rate"),
         )

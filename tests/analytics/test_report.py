@@ -145,20 +145,23 @@ def test_report_renders_offline_in_chromium(chromium: str, tmp_path: Path) -> No
     assert "<svg" in dom and "</body>" in dom
     trend = re.search(r'<div class="charts" id="trend">(.*?)</div>', dom, flags=re.S)
     assert trend is not None
-    # Three trend charts (retry, duplicate, in-doubt), one point per day each, at the
-    # values given: 1.0 %, 2.0 %, 1.5 % for the retry rate.
-    assert trend.group(1).count("<svg") == 3
+    # Four trend charts (retry, link loss, duplicate, in-doubt), one point per day each, at
+    # the values given: 1.0 %, 2.0 %, 1.5 % for the retry rate, 50 % link loss every day.
+    assert trend.group(1).count("<svg") == 4
     points = re.findall(
         r'<circle class="point"[^>]*data-date="([\d-]+)" data-value="([\d.]+)"', dom
     )
-    assert len(points) == 9
-    assert points[:3] == [
+    assert len(points) == 12
+    assert points[:6] == [
         ("2026-11-20", "0.010000"),
         ("2026-11-21", "0.020000"),
         ("2026-11-22", "0.015000"),
+        ("2026-11-20", "0.500000"),
+        ("2026-11-21", "0.500000"),
+        ("2026-11-22", "0.500000"),
     ]
     polylines = re.findall(r'<polyline class="series" points="([^"]+)"', dom)
-    assert len(polylines) == 3 and all(len(p.split()) == 3 for p in polylines)
+    assert len(polylines) == 4 and all(len(p.split()) == 3 for p in polylines)
     networks = re.search(r'<div class="charts" id="networks">(.*?)</div>', dom, flags=re.S)
     assert networks is not None
     bars = re.findall(r'<rect class="point bar[^"]*"[^>]*data-group="(\w+)"', networks[1])
