@@ -22,7 +22,15 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
-VENDOR="${IDEMPAY_CITUS_VENDOR:-$REPO/../shared/vendor}"
+# The vendored sources sit beside the checkout (../shared/vendor); a clone elsewhere on the
+# same machine (a CI checkout, a clean clone under /tmp) finds them at /work/shared/vendor.
+VENDOR="${IDEMPAY_CITUS_VENDOR:-}"
+if [ -z "$VENDOR" ]; then
+  for candidate in "$REPO/../shared/vendor" /work/shared/vendor; do
+    if [ -f "$candidate/citus-13.2.2.tar.gz" ]; then VENDOR="$candidate"; break; fi
+  done
+  VENDOR="${VENDOR:-$REPO/../shared/vendor}"
+fi
 TARBALL="$VENDOR/citus-13.2.2.tar.gz"
 PATCH="$VENDOR/citus-13.2.2-pg15.20.patch"
 PG_MAJOR=15
