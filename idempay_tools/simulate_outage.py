@@ -25,8 +25,9 @@ from client_sdk import Journal, OfflinePolicy
 
 __all__ = ["OUTAGE_POLICY", "OUTAGE_START_S", "OutageLink", "in_outage", "stored_left"]
 
-OUTAGE_START_S = 1.0
-"""The outage starts this long after the fleet does: a few sales go online first."""
+OUTAGE_START_S = 0.25
+"""The outage starts this long after the fleet does (a quiet machine sold all 80 sales of the
+simulate test within the first second: the outage has to begin before that)."""
 OUTAGE_POLICY = OfflinePolicy(
     floor_limit=50_000, max_stored_count=40, max_stored_amount=1_000_000, max_age_s=3600.0
 )
