@@ -41,6 +41,7 @@ CODES_4XX = frozenset(
         "validation_error",
         "pan_not_allowed",
         "clock_skew",
+        "advice_too_old",
         "not_reversible",
         "rate_limited",
         "request_timeout",
