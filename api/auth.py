@@ -1,6 +1,11 @@
 """API keys: ``idp_`` + 43 url-safe characters, stored only as sha256, compared in constant
 time, cached in memory for a minute (a revoked key stops working within that minute).
 
+The merchant's settings the create needs — its duplicate-guard window (``merchant.
+duplicate_guard_s``, ``idempay admin guard``) — come with the key, in the same query and the
+same cache entry: no round trip per request, and a changed setting takes effect in each
+worker within that same minute.
+
 Failed authentications are limited per client address (``IDEMPAY_AUTH_FAILURE_LIMIT``,
 ``AuthFailureLimiter``). Every key is checked; only a failure is counted, and once an
 address is over the limit its failures answer 429 instead of 401. A valid key is never
@@ -91,19 +96,35 @@ def client_address(request: Request) -> str:
     return str(address)
 
 
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a valid API key speaks for, with the merchant's settings the create reads."""
+
+    merchant_id: str
+    duplicate_guard_s: int | None = None  # the guard's window; None: off
+
+
 class Authenticator:
     def __init__(self, engine: AsyncEngine, *, failures: AuthFailureLimiter | None = None) -> None:
         self._engine = engine
-        self._cache: dict[str, tuple[str, float]] = {}
+        self._cache: dict[str, tuple[Principal, float]] = {}
         self.failures = failures
 
     async def authenticate(self, request: Request) -> tuple[str, str]:
         """(merchant_id, key_hash) for the request; else 401 — or 429 once the client address
         is over the failed-authentication limit. A valid key always authenticates."""
+        principal, digest = await self.principal(request)
+        return principal.merchant_id, digest
+
+    async def principal(self, request: Request) -> tuple[Principal, str]:
+        """``authenticate``, with the merchant's settings (the create's duplicate guard)."""
         if self.failures is None:  # built from the app's settings on first use
             self.failures = failure_limiter(request.app.state.ctx.settings)
         try:
-            return await self.merchant_for(request.headers.get("authorization"))
+            digest = _digest_of(request.headers.get("authorization"))
+            if digest is None:
+                raise unauthorized()
+            return await self._principal_for(digest), digest
         except ApiError:
             retry_after = await self.failures.failed(client_address(request))
             if retry_after is not None:
@@ -115,26 +136,27 @@ class Authenticator:
         digest = _digest_of(authorization)
         if digest is None:
             raise unauthorized()
-        return await self._merchant_for(digest), digest
+        return (await self._principal_for(digest)).merchant_id, digest
 
-    async def _merchant_for(self, digest: str) -> str:
+    async def _principal_for(self, digest: str) -> Principal:
         cached = self._cache.get(digest)
         if cached and cached[1] > time.monotonic():
             return cached[0]
         async with self._engine.connect() as conn:
             row = (
                 await conn.execute(
-                    select(ApiKey.merchant_id, ApiKey.key_hash).where(
-                        ApiKey.key_hash == digest, ApiKey.revoked_at.is_(None)
-                    )
+                    select(ApiKey.merchant_id, ApiKey.key_hash, Merchant.duplicate_guard_s)
+                    .join(Merchant, Merchant.id == ApiKey.merchant_id)
+                    .where(ApiKey.key_hash == digest, ApiKey.revoked_at.is_(None))
                 )
             ).first()
         if row is None or not hmac.compare_digest(row.key_hash, digest):
             raise unauthorized()
         if len(self._cache) > 10_000:
             self._cache.clear()
-        self._cache[digest] = (row.merchant_id, time.monotonic() + CACHE_SECONDS)
-        return str(row.merchant_id)
+        principal = Principal(str(row.merchant_id), row.duplicate_guard_s)
+        self._cache[digest] = (principal, time.monotonic() + CACHE_SECONDS)
+        return principal
 
 
 async def create_api_key(engine: AsyncEngine, merchant: str) -> str:

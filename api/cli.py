@@ -347,6 +347,50 @@ def key_reverse(merchant: MerchantArg, key: KeyArg, reason: ReasonOption) -> Non
     _key_action("reverse", merchant, key, reason)
 
 
+@admin.command("guard")
+def guard_command(
+    merchant: MerchantArg,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            "--window",
+            min=1,
+            max=86_400,
+            help="Turn the guard on with this window in seconds (contract §5's is 120).",
+        ),
+    ] = None,
+    on: Annotated[bool, typer.Option("--on", help="Turn the guard on (window 120 s).")] = False,
+    off: Annotated[bool, typer.Option("--off", help="Turn the guard off.")] = False,
+) -> None:
+    """Show or set the merchant's duplicate guard: a new purchase of the same card, amount
+    and terminal within the window of an approved one answers 409 suspected_duplicate unless
+    the body says "allow_duplicate": true (contract §2.2). Off by default. Servers apply a
+    change within a minute (their API-key cache)."""
+    from api.transactions.guard import (
+        DEFAULT_WINDOW_S,
+        UnknownMerchantError,
+        describe,
+        set_window,
+        setting,
+    )
+
+    if off and (on or window is not None):
+        raise typer.BadParameter("--off cannot be combined with --on or --window")
+    change = on or off or window is not None
+    wanted = None if off else (window or DEFAULT_WINDOW_S)
+    try:
+        if change:
+            shown = _with_engine(lambda engine: set_window(engine, merchant, wanted))
+        else:
+            shown = _with_engine(lambda engine: setting(engine, merchant))
+    except UnknownMerchantError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(describe(shown))
+    if change:
+        typer.echo("running servers apply it within a minute (their API-key cache)")
+
+
 def _with_engine(work: Any) -> Any:
     """Run ``work(engine)`` on the configured database."""
     from api.db import create_engine

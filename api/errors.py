@@ -6,6 +6,7 @@
     ├── UnauthorizedError            401 unauthorized
     ├── NotFoundError                404 not_found
     ├── RequestInProgressError       409 request_in_progress   (Retry-After)
+    ├── SuspectedDuplicateError      409 suspected_duplicate   (duplicate_of)
     ├── TransactionAbortedError      410 transaction_aborted
     ├── RequestExpiredError          410 request_expired
     ├── PayloadTooLargeError         413 payload_too_large
@@ -107,6 +108,14 @@ class RequestInProgressError(_NamedError):
     retry_after = True
 
 
+class SuspectedDuplicateError(_NamedError):
+    """The merchant's duplicate guard: an approved purchase of the same card, amount and
+    terminal within the window under another key (``duplicate_of``); nothing was stored."""
+
+    status, code = 409, "suspected_duplicate"
+    title = "Suspected duplicate of a recent payment"
+
+
 class TransactionAbortedError(_NamedError):
     """The key was fenced by an abort: never processed, and never will be."""
 
@@ -191,6 +200,7 @@ NAMED_ERRORS: tuple[type[ApiError], ...] = (
     UnauthorizedError,
     NotFoundError,
     RequestInProgressError,
+    SuspectedDuplicateError,
     TransactionAbortedError,
     RequestExpiredError,
     PayloadTooLargeError,

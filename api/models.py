@@ -38,6 +38,8 @@ class Merchant(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # The duplicate guard's window in seconds; None: off (contract §2.2, migration 0010).
+    duplicate_guard_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ApiKey(Base):
@@ -98,6 +100,8 @@ class Transaction(Base):
     metadata_json: Mapped[str | None] = mapped_column("metadata", Text, nullable=True)
     # An offline advice: sold by the terminal offline, forwarded later (contract §2.2).
     offline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The guard found a suspect and the cashier confirmed the sale ("allow_duplicate": true).
+    duplicate_override: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 # The terminal listing (GET /v1/transactions?terminal_id=…): keyset pages by (created_at, id).
@@ -107,6 +111,15 @@ Index(
     Transaction.terminal_id,
     Transaction.created_at,
     Transaction.id,
+)
+# The duplicate guard's check (contract §2.2): one range probe per guarded create.
+Index(
+    "ix_transaction_duplicate_guard",
+    Transaction.merchant_id,
+    Transaction.terminal_id,
+    Transaction.card_fingerprint,
+    Transaction.amount,
+    Transaction.created_at,
 )
 
 

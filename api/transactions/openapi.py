@@ -62,7 +62,10 @@ _BY_ENDPOINT: dict[str, dict[int | str, dict[str, Any]]] = {
     "create": {
         201: _json("Processed (approved/declined), or the identical replay", "TransactionOut"),
         202: _json("The issuer has not answered yet; the server finishes it", "KeyStateOut"),
-        409: _problem("request_in_progress"),
+        409: _problem(
+            "request_in_progress / suspected_duplicate (the merchant's duplicate guard: "
+            "duplicate_of names the earlier transaction; nothing was stored under the key)"
+        ),
         410: _problem("transaction_aborted / request_expired"),
         413: _problem("payload_too_large"),
     },

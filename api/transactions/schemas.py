@@ -13,6 +13,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    StrictBool,
     StrictStr,
     WithJsonSchema,
     field_validator,
@@ -99,6 +100,12 @@ class TransactionCreate(BaseModel):
         "later with its original captured_at (required); exempt from expires_at, not from "
         "the retention window (422 advice_too_old).",
     )
+    allow_duplicate: StrictBool = Field(
+        default=False,
+        description="The cashier confirmed a sale the merchant's duplicate guard answered "
+        "409 suspected_duplicate: process it. The cashier's instruction, not the payment: "
+        "left out of the idempotency fingerprint, never stored in metadata nor echoed.",
+    )
 
     @model_validator(mode="after")
     def _advice_has_its_capture_time(self) -> TransactionCreate:
@@ -114,7 +121,20 @@ class TransactionCreate(BaseModel):
         data: dict[str, Any] = handler(self)
         if data.get("entry_mode") == "online":
             del data["entry_mode"]
+        data.pop("allow_duplicate", None)  # the cashier's instruction, not the payment
         return data
+
+    def stored_request(self) -> str:
+        """The request stored with a claimed key (what recovery re-drives): the canonical
+        body, plus ``"allow_duplicate": true`` when the guard found a suspect and the cashier
+        overrode it (``TransactionService`` sets the field to mean exactly that before it
+        stores), so the completer records the override too."""
+        text = self.model_dump_json()
+        if not self.allow_duplicate:
+            return text
+        data = json.loads(text)
+        data["allow_duplicate"] = True
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
     @property
     def is_advice(self) -> bool:
@@ -173,3 +193,7 @@ class Problem(BaseModel):
     detail: str
     code: str
     errors: list[dict[str, Any]] | None = None
+    duplicate_of: str | None = Field(
+        default=None,
+        description="409 suspected_duplicate only: the id of the earlier approved purchase",
+    )

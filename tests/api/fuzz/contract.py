@@ -34,6 +34,7 @@ CODES_4XX = frozenset(
         "not_found",
         "method_not_allowed",
         "request_in_progress",
+        "suspected_duplicate",
         "transaction_aborted",
         "request_expired",
         "payload_too_large",
