@@ -2,7 +2,9 @@
 reference for the benchmark and an independent second implementation of the contract (the
 benchmark compares the two engines' answers row by row, and the analytics tests hold both
 to the same hand-computed values). quantile_cont is the same linear interpolation as
-Spark's exact ``percentile``.
+Spark's exact ``percentile``. Also the offline and duplicate-guard outputs (issues 16, 17:
+offline_summary, offline_terminals, duplicate_guard), held to the same hand-computed values
+as ``analytics.offline``.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ CREATE OR REPLACE TEMP VIEW ev AS
   SELECT DISTINCT ON (event_id) *, CAST(ts AS DATE) AS event_date
   FROM read_parquet('{lake}/request_events/{part}/*.parquet', hive_partitioning = false,
                     union_by_name = true);
-CREATE OR REPLACE TEMP VIEW tx AS
-  SELECT DISTINCT ON (merchant_id, transaction_id) *
-  FROM read_parquet('{lake}/transactions/{part}/*.parquet', hive_partitioning = false);
+CREATE OR REPLACE TEMP VIEW tx_files AS
+  SELECT * FROM read_parquet('{lake}/transactions/{part}/*.parquet', hive_partitioning = false,
+                             union_by_name = true);
 CREATE OR REPLACE TEMP VIEW le AS
   SELECT DISTINCT ON (entry_id) *
   FROM read_parquet('{lake}/ledger_entries/{part}/*.parquet', hive_partitioning = false);
+
+CREATE OR REPLACE TEMP VIEW tx AS
+  SELECT DISTINCT ON (merchant_id, transaction_id) * {absent} FROM tx_files;
 
 CREATE OR REPLACE TEMP TABLE keys AS
 WITH first_lookup AS (
@@ -200,11 +205,88 @@ WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
 ORDER BY event_date, network
 """
 
+# Offline selling (issue 16), from the transactions: one row each, on created_at's date.
+OFFLINE_ROWS = """
+CREATE OR REPLACE TEMP TABLE txo AS
+SELECT CAST(created_at AS DATE) AS event_date, merchant_id, terminal_id, currency, amount,
+  coalesce(offline, false) AS is_offline,
+  coalesce(offline, false) AND status = 'declined' AS is_declined,
+  coalesce(duplicate_override, false) AS overridden,
+  CASE WHEN coalesce(offline, false) AND captured_at IS NOT NULL
+    THEN (epoch_us(created_at) - epoch_us(captured_at)) / 1e6 END AS delay_s,
+  coalesce(offline, false) AND CAST(captured_at AS DATE) < CAST(created_at AS DATE) AS late
+FROM tx
+"""
+OFFLINE_SUMS = """
+  count(*) AS transactions,
+  count(*) FILTER (WHERE is_offline) AS offline_transactions,
+  quantile_cont(delay_s, 0.5) AS forward_delay_p50_s,
+  quantile_cont(delay_s, 0.95) AS forward_delay_p95_s,
+  max(delay_s) AS forward_delay_max_s,
+  count(*) FILTER (WHERE is_declined) AS offline_declined,
+  CAST(coalesce(sum(amount) FILTER (WHERE is_declined), 0) AS BIGINT) AS offline_amount_at_risk,
+  count(*) FILTER (WHERE late) AS forwarded_after_day_end
+"""
+OFFLINE_METRICS = """
+  transactions, offline_transactions,
+  coalesce(offline_transactions / nullif(transactions, 0), 0.0) AS offline_rate,
+  forward_delay_p50_s, forward_delay_p95_s, forward_delay_max_s, offline_declined,
+  coalesce(offline_declined / nullif(offline_transactions, 0), 0.0) AS offline_decline_rate,
+  offline_amount_at_risk, forwarded_after_day_end
+"""
+OFFLINE_SUMMARY = f"""
+WITH o AS (
+  SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id, currency, {OFFLINE_SUMS}
+  FROM txo GROUP BY GROUPING SETS ((event_date, currency, merchant_id), (event_date, currency))
+)
+SELECT event_date, merchant_id, currency, {OFFLINE_METRICS}
+FROM o
+WHERE event_date BETWEEN DATE '{{start}}' AND DATE '{{end}}'
+ORDER BY event_date, merchant_id = 'ALL', merchant_id, currency
+"""
+OFFLINE_TERMINALS = f"""
+WITH o AS (
+  SELECT event_date, merchant_id, terminal_id, currency, {OFFLINE_SUMS}
+  FROM txo GROUP BY ALL
+)
+SELECT event_date, merchant_id, terminal_id, currency, {OFFLINE_METRICS}
+FROM o
+WHERE offline_transactions > 0 AND event_date BETWEEN DATE '{{start}}' AND DATE '{{end}}'
+ORDER BY event_date, merchant_id, terminal_id NULLS LAST, currency
+"""
+# The duplicate guard (issue 17): 409 rejections of creates, and confirmed duplicates.
+DUPLICATE_GUARD = """
+WITH b AS (
+  SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id,
+    count(*) FILTER (WHERE endpoint = 'create' AND outcome = 'rejected' AND http_status = 409)
+      AS blocked
+  FROM ev GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
+), o AS (
+  SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id,
+    count(*) FILTER (WHERE overridden) AS overridden
+  FROM txo GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
+), days AS (
+  SELECT CAST(d AS DATE) AS event_date, 'ALL' AS merchant_id
+  FROM generate_series(DATE '{start}', DATE '{end}', INTERVAL 1 DAY) t(d)
+)
+SELECT event_date, merchant_id,
+  coalesce(blocked, 0) AS duplicates_blocked, coalesce(overridden, 0) AS duplicates_overridden
+FROM b FULL JOIN o USING (event_date, merchant_id) FULL JOIN days USING (event_date, merchant_id)
+WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
+  AND (merchant_id = 'ALL' OR coalesce(blocked, 0) + coalesce(overridden, 0) > 0)
+ORDER BY event_date, merchant_id = 'ALL', merchant_id
+"""
+
 OUTPUTS = {
     "daily_summary": SUMMARY,
     "terminal_ranking": TERMINAL_RANKING,
     "network_rates": NETWORK_RATES,
+    "offline_summary": OFFLINE_SUMMARY,
+    "offline_terminals": OFFLINE_TERMINALS,
+    "duplicate_guard": DUPLICATE_GUARD,
 }
+# Columns of lake schema 2 a lake may lack altogether (written before them): null.
+ADDED_TYPES = {"offline": "BOOLEAN", "captured_at": "TIMESTAMPTZ", "duplicate_override": "BOOLEAN"}
 Rows = list[dict[str, Any]]
 
 
@@ -220,13 +302,27 @@ def _fetch(conn: duckdb.DuckDBPyConnection, query: str) -> Rows:
     ]
 
 
+def _absent_columns(conn: duckdb.DuckDBPyConnection, lake: str) -> str:
+    """``, NULL::T AS c`` for each lake-schema-2 column no transactions file has."""
+    files = f"'{lake}/transactions/{PART}/*.parquet'"
+    query = f"SELECT * FROM read_parquet({files}, union_by_name = true) LIMIT 0"
+    present = {d[0] for d in conn.execute(query).description}
+    return "".join(
+        f", NULL::{kind} AS {name}" for name, kind in ADDED_TYPES.items() if name not in present
+    )
+
+
 def audit(lake: Path, *, start: date, end: date, threads: int) -> dict[str, Rows]:
-    """daily_summary, terminal_ranking and network_rates (dates as ISO strings), by DuckDB."""
+    """daily_summary, terminal_ranking, network_rates, offline_summary, offline_terminals and
+    duplicate_guard (dates as ISO strings), by DuckDB."""
     conn = duckdb.connect()
     try:
         conn.execute(f"SET threads = {int(threads)}")
         conn.execute("SET TimeZone = 'UTC'")
-        conn.execute(SQL.format(lake=Path(lake).as_posix(), resolving=RESOLVING, part=PART))
+        root = Path(lake).as_posix()
+        absent = _absent_columns(conn, root)
+        conn.execute(SQL.format(lake=root, resolving=RESOLVING, part=PART, absent=absent))
+        conn.execute(OFFLINE_ROWS)
         bounds = {"start": start.isoformat(), "end": end.isoformat()}
         return {name: _fetch(conn, query.format(**bounds)) for name, query in OUTPUTS.items()}
     finally:

@@ -61,6 +61,11 @@ TRANSACTIONS = pa.schema(
         ("created_at", TIMESTAMP),
         ("processed_at", TIMESTAMP),
         ("reversed_at", TIMESTAMP),
+        # Added in lake schema 2 (issues 16 and 17), after the contract's columns: an
+        # older partition lacks them and is read with them null (ADDED_COLUMNS).
+        ("offline", pa.bool_()),
+        ("captured_at", TIMESTAMP),
+        ("duplicate_override", pa.bool_()),
     ]
 )
 
@@ -81,6 +86,21 @@ TABLES: dict[str, pa.Schema] = {
     "transactions": TRANSACTIONS,
     "ledger_entries": LEDGER_ENTRIES,
 }
+
+# Columns added after lake schema 1, per table: a partition written before them is still
+# the contract (it is read with them null, and re-exported with the database's values);
+# only the contract's own columns are required.
+ADDED_COLUMNS: dict[str, list[str]] = {
+    "request_events": [],
+    "transactions": ["offline", "captured_at", "duplicate_override"],
+    "ledger_entries": [],
+}
+
+
+def required_columns(table: str) -> list[str]:
+    """The table's contract columns (lake schema 1): a file without one is damaged."""
+    return [name for name in TABLES[table].names if name not in ADDED_COLUMNS[table]]
+
 
 # The column whose UTC date names the partition.
 PARTITION_BY = {
@@ -134,7 +154,8 @@ def write_partition(
 
 def read_partition(lake: Path, table: str, day: date) -> pa.Table | None:
     """What the lake holds for ``table`` on ``day`` (every Parquet file of the partition),
-    cast to the contract; None when the partition does not exist. Raises
+    cast to the contract; None when the partition does not exist. A file written before a
+    column was added (``ADDED_COLUMNS``) reads with that column null. Raises
     ``PartitionUnreadable`` when a file cannot be read as the contract."""
     schema = TABLES[table]
     final = partition_dir(lake, table, day)
@@ -146,9 +167,12 @@ def read_partition(lake: Path, table: str, day: date) -> pa.Table | None:
             found = pq.read_table(path)
         except (OSError, pa.ArrowException) as exc:
             raise PartitionUnreadable(f"{path}: not readable as Parquet ({exc})") from exc
-        missing = [name for name in schema.names if name not in found.schema.names]
+        missing = [name for name in required_columns(table) if name not in found.schema.names]
         if missing:
             raise PartitionUnreadable(f"{path}: lacks contract column(s) {', '.join(missing)}")
+        for name in ADDED_COLUMNS[table]:
+            if name not in found.schema.names:
+                found = found.append_column(name, pa.nulls(found.num_rows, schema.field(name).type))
         try:
             parts.append(found.select(schema.names).cast(schema))
         except (pa.ArrowException, ValueError) as exc:

@@ -7,6 +7,12 @@ column (read as null), duplicate rows it dropped, a day with transactions but no
 events. Each finding is one row of ``lake_warnings`` (``kind``, ``table``, ``event_date``,
 ``detail``); they go to stdout, ``lake_warnings.csv`` and the top of report.html, and
 ``--strict`` turns any of them into a non-zero exit.
+
+A file written before a column was added to the lake (``analytics.lake.ADDED_COLUMNS``:
+the offline and duplicate-guard columns of lake schema 2) is not damaged: it is read with
+those columns null (false), and that is said as a **note** (kind ``older_schema``, same
+columns, ``lake_notes.csv``, the report's offline section), never a warning: ``--strict``
+does not fail on it.
 """
 
 from __future__ import annotations
@@ -29,9 +35,14 @@ COLUMNS = ["kind", "table", "event_date", "detail"]
 @dataclass
 class LakeHealth:
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, kind: str, table: str, day: str | None, detail: str) -> None:
         self.warnings.append({"kind": kind, "table": table, "event_date": day, "detail": detail})
+
+    def note(self, kind: str, table: str, day: str | None, detail: str) -> None:
+        """Something the reader should know that is not damage (``--strict`` ignores it)."""
+        self.notes.append({"kind": kind, "table": table, "event_date": day, "detail": detail})
 
 
 def _partition_day(folder: Path) -> date | None:
@@ -59,22 +70,38 @@ def partitions(root: Path, table: str, health: LakeHealth) -> Iterator[tuple[dat
 
 
 def data_files(
-    root: Path, table: str, contract: list[str], health: LakeHealth
+    root: Path,
+    table: str,
+    columns: list[str],
+    health: LakeHealth,
+    *,
+    added: list[str] | None = None,
 ) -> dict[str, list[str]]:
     """Parquet files of the valid partitions, grouped by physical schema; each partition's
-    manifest checked and each file's missing contract columns reported."""
+    manifest checked and each file's missing columns reported: a contract column as a
+    warning, a column of ``added`` (newer than lake schema 1) as an ``older_schema`` note."""
+    added = added or []
     groups: dict[str, list[str]] = {}
     for day, folder in partitions(root, table, health):
-        for problem in manifest.problems(folder, columns=contract):
+        for problem in manifest.problems(folder, columns=columns, added=added):
             health.add("manifest", table, day.isoformat(), problem)
         for found in sorted(folder.glob("*.parquet")):
             if found.name.startswith((".", "_")):
                 continue
             schema = pq.read_schema(found).remove_metadata()
-            missing = [name for name in contract if name not in schema.names]
-            if missing:
-                detail = f"{found.name} lacks {', '.join(missing)}: read as null"
+            missing = [name for name in columns if name not in schema.names]
+            lacking = [name for name in missing if name not in added]
+            if lacking:
+                detail = f"{found.name} lacks {', '.join(lacking)}: read as null"
                 health.add("missing_column", table, day.isoformat(), detail)
+            older = [name for name in missing if name in added]
+            if older:
+                detail = (
+                    f"{found.name} predates {', '.join(older)} (written before lake schema 2):"
+                    " read as null, counted as false — the day's offline and override figures"
+                    " are 0 by construction, not measured"
+                )
+                health.note("older_schema", table, day.isoformat(), detail)
             groups.setdefault(schema.to_string(), []).append(str(found))
     return groups
 

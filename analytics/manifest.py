@@ -16,7 +16,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+# 1: the contract's columns (contract §5.1); 2: transactions gains offline, captured_at and
+# duplicate_override (issues 16, 17). A partition of an older version is intact when its
+# columns are the contract's without the ones added since (``analytics.lake.ADDED_COLUMNS``).
+SCHEMA_VERSION = 2
 MANIFEST = "_manifest.json"
 SUCCESS = "_SUCCESS"
 
@@ -55,8 +58,11 @@ def render(table: str, day: date, columns: list[str], files: list[FileEntry]) ->
     return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
 
-def problems(partition: Path, *, columns: list[str]) -> list[str]:
-    """What is wrong with ``partition`` as its writer described it; [] when it is intact."""
+def problems(partition: Path, *, columns: list[str], added: list[str] | None = None) -> list[str]:
+    """What is wrong with ``partition`` as its writer described it; [] when it is intact.
+
+    ``columns``: the table's columns at ``SCHEMA_VERSION``; ``added``: those added after
+    version 1, which a manifest of an older version rightly lacks."""
     manifest = partition / MANIFEST
     if not manifest.is_file():
         return ["manifest missing (the partition was not written by idempay export/synth)"]
@@ -69,7 +75,10 @@ def problems(partition: Path, *, columns: list[str]) -> list[str]:
     found: list[str] = []
     if not (partition / SUCCESS).is_file():
         found.append("_SUCCESS missing: the write did not finish")
-    if version != SCHEMA_VERSION or body.get("columns") != columns:
+    older = [name for name in columns if name not in (added or [])]
+    written = body.get("columns")
+    known = written == columns if version == SCHEMA_VERSION else written == older
+    if not 1 <= version <= SCHEMA_VERSION or not known:
         found.append(f"manifest schema version {version} / columns differ from the contract")
     on_disk = {p.name for p in partition.glob("*.parquet")}
     for name in sorted(on_disk - files.keys()):

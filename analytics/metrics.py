@@ -133,3 +133,32 @@ TREND_COLUMNS = [
     "exactly_once_violations",
     "create_p95_ms",
 ]
+
+# Offline selling (issue 16): per event_date × merchant_id × currency (a money column is
+# summed within one currency), plus the fleet row ALL per event_date × currency; the day of
+# a transaction is its created_at (when the server processed the forwarded advice).
+OFFLINE_METRICS = [
+    "transactions",
+    "offline_transactions",
+    "offline_rate",
+    "forward_delay_p50_s",
+    "forward_delay_p95_s",
+    "forward_delay_max_s",
+    "offline_declined",
+    "offline_decline_rate",
+    "offline_amount_at_risk",
+    "forwarded_after_day_end",
+]
+OFFLINE_COLUMNS = ["event_date", "merchant_id", "currency", *OFFLINE_METRICS]
+# The same per terminal, terminals with at least one offline transaction.
+OFFLINE_TERMINAL_COLUMNS = [
+    "event_date",
+    "merchant_id",
+    "terminal_id",
+    "currency",
+    *OFFLINE_METRICS,
+]
+
+# The duplicate guard (issue 17): per event_date × merchant_id with a block or an override,
+# plus the fleet row ALL for every day of the range.
+GUARD_COLUMNS = ["event_date", "merchant_id", "duplicates_blocked", "duplicates_overridden"]

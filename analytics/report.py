@@ -13,8 +13,11 @@ from datetime import date
 from html import escape
 from typing import Any
 
-from analytics.charts import bar_chart, line_chart, percent
+from analytics.charts import bar_chart, line_chart
+from analytics.html_table import cell as _cell
+from analytics.html_table import table as _table
 from analytics.metrics import FLEET
+from analytics.report_offline import duplicate_guard_section, offline_section
 
 Rows = list[dict[str, Any]]
 TOP_TERMINALS = 15
@@ -56,7 +59,11 @@ class AuditData:
     network_rates: Rows = field(default_factory=list)
     terminal_link_loss: Rows = field(default_factory=list)
     daily_trend: Rows = field(default_factory=list)
+    offline_summary: Rows = field(default_factory=list)
+    offline_terminals: Rows = field(default_factory=list)
+    duplicate_guard: Rows = field(default_factory=list)
     lake_warnings: Rows = field(default_factory=list)
+    lake_notes: Rows = field(default_factory=list)
 
     @property
     def fleet_days(self) -> Rows:
@@ -174,32 +181,6 @@ th,td{border-bottom:1px solid #e6e8ef;padding:4px 8px;text-align:right}
 th:first-child,td:first-child,td.t{text-align:left}th{background:#f5f6fa}
 code{font-size:12px}
 """
-
-
-def _cell(value: Any, kind: str) -> str:
-    if value is None:
-        return "–"
-    if kind == "rate":
-        return percent(value)
-    if kind == "num":
-        return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
-    return f"<code>{escape(str(value))}</code>" if kind == "code" else escape(str(value))
-
-
-def _table(rows: Rows, columns: list[tuple[str, str, str]], empty: str) -> str:
-    if not rows:
-        return f'<p class="muted">{escape(empty)}</p>'
-    head = "".join(f"<th>{escape(label)}</th>" for _, label, _ in columns)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="{"t" if kind in ("text", "code") else ""}">{_cell(row[key], kind)}</td>'
-            for key, _, kind in columns
-        )
-        + "</tr>"
-        for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _lake_banner(warnings: Rows) -> str:
@@ -358,6 +339,10 @@ def render(data: AuditData) -> str:
             ],
             "No numbered attempts in the range.",
         ),
+        "<h2>Offline selling</h2>",
+        offline_section(data),
+        "<h2>Duplicate guard</h2>",
+        duplicate_guard_section(data),
         f"<h2>Suspected double charges ({len(suspects)})</h2>",
         '<p class="muted">Approved purchases, same merchant, terminal, card, amount and '
         "currency, ≤ 120 s apart under different keys: a client minted a new key.</p>",

@@ -8,6 +8,7 @@ step). ``event_date`` is not part of them: it is derived from each row's own UTC
 from __future__ import annotations
 
 from pyspark.sql.types import (
+    BooleanType,
     DoubleType,
     IntegerType,
     LongType,
@@ -46,6 +47,10 @@ TRANSACTIONS = StructType(
         StructField("created_at", TimestampType(), False),
         StructField("processed_at", TimestampType(), True),
         StructField("reversed_at", TimestampType(), True),
+        # lake schema 2 (analytics.lake.ADDED_COLUMNS): null in older partitions
+        StructField("offline", BooleanType(), True),
+        StructField("captured_at", TimestampType(), True),
+        StructField("duplicate_override", BooleanType(), True),
     ]
 )
 

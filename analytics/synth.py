@@ -12,7 +12,8 @@ bucketed by their own UTC date (a payment near midnight spills into the next day
 day is written once no later payment can add to it. Deterministic for a (seed, start,
 days, events_per_day, merchants, terminals). ``--violations K`` plants K duplicate charge
 entries on the first day, to see the report's red banner; the default is 0, as on a
-healthy server.
+healthy server. Offline sales and the duplicate guard's blocks and overrides are planted
+always (``analytics.synth_fleet``); ``SynthResult`` keeps each, the audit's known answers.
 """
 
 from __future__ import annotations
@@ -75,7 +76,24 @@ class SynthResult:
     # (the later one's date, first key, second key) of every new-key double charge
     planted_double_charges: list[tuple[date, str, str]] = field(default_factory=list)
     planted_violations: int = 0
+    # offline advices (issue 16): one per sale, on the day the server processed it
+    planted_offline: list[OfflineSale] = field(default_factory=list)
+    # the duplicate guard (issue 17): (day, key) of each block and of each override
+    planted_blocks: list[tuple[date, str]] = field(default_factory=list)
+    planted_overrides: list[tuple[date, str]] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineSale:
+    """A planted offline sale: the known answer the audit must find."""
+
+    day: date  # created_at's UTC date: when the server processed the advice
+    key: str
+    forward_delay_s: float  # created_at − captured_at
+    declined: bool
+    amount: int  # BRL minor units
+    forwarded_after_day_end: bool  # sold on an earlier UTC day
 
 
 def _strings(raw: np.ndarray) -> pa.StringArray:
@@ -189,6 +207,7 @@ class Rows:
         t, fleet, batch = self.batch.txns, self.fleet, self.batch
         pay, created = t.concat("pay", np.int64), t.concat("created", np.int64)
         reversed_at = t.concat("reversed_at", np.int64)
+        captured = t.concat("captured", np.int64)
         card = fleet.links.merchant[batch.term[pay]] * CARDS_PER_MERCHANT + batch.card[pay]
         columns = [
             self.keys.take(pa.array(t.concat("key", np.int64))),
@@ -202,6 +221,9 @@ class Rows:
             _ts(created),
             _ts(t.concat("processed", np.int64)),
             _ts(reversed_at, mask=reversed_at < 0),
+            pa.array(t.concat("offline", np.bool_)),
+            _ts(captured, mask=captured < 0),
+            pa.array(t.concat("override", np.bool_)),
         ]
         return pa.Table.from_arrays(columns, schema=TABLES["transactions"]), created // DAY
 
@@ -219,14 +241,47 @@ class Rows:
         ]
         return pa.Table.from_arrays(columns, schema=TABLES["ledger_entries"]), created // DAY
 
+    def offline_sales(self) -> list[OfflineSale]:
+        batch, planted = self.batch, []
+        for key, captured, forwarded in batch.offline_sales:
+            names = self.keys.take(pa.array(key)).to_pylist()
+            for name, k, sold, sent in zip(
+                names, key.tolist(), captured.tolist(), forwarded.tolist(), strict=True
+            ):
+                planted.append(
+                    OfflineSale(
+                        day=_day(sent),
+                        key=name,
+                        forward_delay_s=(sent - sold) / 1_000_000.0,
+                        declined=not bool(batch.approved[k]),
+                        amount=int(batch.amount[k]),
+                        forwarded_after_day_end=sold // DAY < sent // DAY,
+                    )
+                )
+        return planted
+
+    def guard(self) -> tuple[list[tuple[date, str]], list[tuple[date, str]]]:
+        """(day, key) of the guard's blocks and of the cashier's overrides."""
+        blocks = [self._dated(keys, ats) for keys, ats in self.batch.guard_blocks]
+        overrides = [self._dated(keys, ats) for _, keys, ats in self.batch.override_keys]
+        return [p for part in blocks for p in part], [p for part in overrides for p in part]
+
+    def _dated(self, keys: Ints, ats: Ints) -> list[tuple[date, str]]:
+        names = self.keys.take(pa.array(keys)).to_pylist()
+        return [(_day(at), name) for name, at in zip(names, ats.tolist(), strict=True)]
+
     def double_charges(self) -> list[tuple[date, str, str]]:
         planted: list[tuple[date, str, str]] = []
-        for original, new, at in self.batch.bug_keys:
+        for original, new, at in [*self.batch.bug_keys, *self.batch.override_keys]:
             firsts = self.keys.take(pa.array(original)).to_pylist()
             seconds = self.keys.take(pa.array(new)).to_pylist()
             days = [datetime.fromtimestamp(a / SECOND, UTC).date() for a in at.tolist()]
             planted.extend(zip(days, firsts, seconds, strict=True))
         return planted
+
+
+def _day(micros: int) -> date:
+    return date(1970, 1, 1) + timedelta(days=micros // DAY)
 
 
 def _plant_violations(rng: np.random.Generator, ledger: pa.Table, k: int, day: date) -> pa.Table:
@@ -282,6 +337,10 @@ def synthesize(config: SynthConfig) -> SynthResult:
                 )
             produced += len(batch.events.concat("ts", np.int64))
             result.planted_double_charges.extend(rows.double_charges())
+            result.planted_offline.extend(rows.offline_sales())
+            blocks, overrides = rows.guard()
+            result.planted_blocks.extend(blocks)
+            result.planted_overrides.extend(overrides)
         write(epoch_day + offset)
     for number in sorted(pending):  # payments that ran past the last midnight
         write(number)

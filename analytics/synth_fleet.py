@@ -15,7 +15,17 @@ The protocol, per payment (the same paths and probabilities as a terminal on its
 - a slow issuer answers 202 and the terminal polls ``processing`` once or twice before
   ``found``; 0.3 % impatient resends (``in_progress``); 0.1 % a key reused with another
   amount (``key_reused``), 0.1 % a late abort (``already_processed``);
-- 6 % declined, 2 % refunds, 0.4 % of approved purchases reversed (event and entry).
+- 6 % declined, 2 % refunds, 0.4 % of approved purchases reversed (event and entry);
+- offline selling (issue 16): a purchase the terminal could not send at all is sold offline
+  with a probability of 0.6 × its link's loss (GPRS ≈ 2 %), then forwarded as an advice 30 s
+  to 12 h later (log-uniform; some cross midnight): one ``create created`` at the forward,
+  a transaction with ``offline`` and ``captured_at`` (the sale), declined like any other
+  (6 %: the merchant's loss); ``offline_sales`` keeps each (key, captured, forwarded);
+- the duplicate guard (issue 17): 0.2 % of answered approved purchases are swiped again
+  10–60 s later under a new key and blocked (``create rejected`` 409); half of those the
+  cashier confirms 5–20 s later under another key: an approved purchase with
+  ``duplicate_override`` — a real double charge, so also in ``override_keys`` (original,
+  override, created_at) beside the firmware bug's ``bug_keys``.
 """
 
 from __future__ import annotations
@@ -45,6 +55,9 @@ AMOUNTS = np.array(
     [500, 990, 1250, 1500, 1990, 2500, 3490, 4990, 7500, 9990, 12900, 19990, 45000], np.int64
 )
 CARDS_PER_MERCHANT = 200_000
+OFFLINE_PER_LOSS = 0.6  # share of a link's loss sold offline
+FORWARD_DELAY_S = (30.0, 12 * 3600.0)
+GUARD_SHARE, CONFIRMED_SHARE = 0.002, 0.5
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,9 @@ class Batch:
         self.approved = rng.random(self.n) >= 0.06
         self.events, self.txns, self.entries = Columns(), Columns(), Columns()
         self.bug_keys: list[tuple[Ints, Ints, Ints]] = []  # (original, new, created_at)
+        self.override_keys: list[tuple[Ints, Ints, Ints]] = []  # (original, new, created_at)
+        self.offline_sales: list[tuple[Ints, Ints, Ints]] = []  # (key, captured, forwarded)
+        self.guard_blocks: list[tuple[Ints, Ints]] = []  # (blocked key, ts)
         self.next_key = self.n
 
     # ------------------------------------------------------------------- rows
@@ -127,8 +143,11 @@ class Batch:
         approved: Bools,
         refund: Bools,
         reversible: bool,
+        captured: Ints | None = None,
+        override: bool = False,
     ) -> Bools:
-        """Transaction rows and ledger entries; returns which ended approved (not reversed)."""
+        """Transaction rows and ledger entries; returns which ended approved (not reversed).
+        ``captured``: an offline advice's moment of sale (not reversible here)."""
         rng, n = self.rng, len(key)
         processed = created + (rng.uniform(5, 40, n) * 1000).astype(np.int64)
         reversed_ = approved & ~refund & (rng.random(n) < 0.004) & reversible
@@ -137,6 +156,9 @@ class Batch:
         self.txns.add(
             key=key, pay=pay, kind=refund.astype(np.int8), status=status.astype(np.int8),
             created=created, processed=processed, reversed_at=np.where(reversed_, reversed_at, -1),
+            offline=np.bool_(captured is not None),
+            captured=np.int64(-1) if captured is None else captured,
+            override=np.bool_(override),
         )  # fmt: skip
         amount = self.amount[pay]
         self.entries.add(
@@ -169,7 +191,23 @@ class Batch:
         self.emit(left, lookup_at, LOOKUP, OUT["not_found"], 404, known=False)
         self.emit(left, lookup_at + 30 * SECOND, ABORT, OUT["aborted"], 200, known=False)
         paying = every[roll >= 0.0025]
+        offline_roll = self.rng.random(len(paying))
+        sold_offline = offline_roll < self.links.loss[self.term[paying]] * OFFLINE_PER_LOSS
+        self._offline(paying[sold_offline & ~self.refund[paying]])
+        paying = paying[~sold_offline | self.refund[paying]]
         self._attempts(paying, slow=roll[paying] < 0.0125)
+
+    def _offline(self, key: Ints) -> None:
+        """Sold offline at ``start``, forwarded later as an advice (one create)."""
+        low, high = np.log(FORWARD_DELAY_S[0]), np.log(FORWARD_DELAY_S[1])
+        delay = np.exp(self.rng.uniform(low, high, len(key)))
+        captured = self.start[key]
+        forwarded = captured + (delay * SECOND).astype(np.int64)
+        self.emit(key, forwarded, CREATE, OUT["created"], 201, attempt=1)
+        purchase = np.zeros(len(key), np.bool_)
+        self.transact(key, key, forwarded, approved=self.approved[key], refund=purchase,
+                      reversible=False, captured=captured)  # fmt: skip
+        self.offline_sales.append((key, captured, forwarded))
 
     def _attempts(self, key: Ints, *, slow: Bools) -> None:
         at = self.start[key].copy()
@@ -207,6 +245,8 @@ class Batch:
             self._poll(key[polling], ts[polling])
             answered = arrived & ~polling & ~lost_response
             self._after(key[answered], ts[answered])
+            swiped = answered & settled_ok & ~self.refund[key]
+            self._guard(key[swiped], ts[swiped])
             unanswered = arrived & ~polling & lost_response
             at[unanswered] = ts[unanswered] + self._seconds(8, 15, int(unanswered.sum()))
             roll = self.rng.random(len(key))
@@ -241,10 +281,32 @@ class Batch:
         late = (roll >= 0.001) & (roll < 0.002)
         self.emit(key[late], ts[late] + 5 * SECOND, ABORT, OUT["already_processed"], 200)
 
+    def _fresh_keys(self, n: int) -> Ints:
+        new = np.arange(self.next_key, self.next_key + n, dtype=np.int64)
+        self.next_key += n
+        return new
+
+    def _guard(self, original: Ints, ts: Ints) -> None:
+        """A second swipe under a new key, blocked by the guard; half confirmed by the
+        cashier under another key (an approved purchase with ``duplicate_override``)."""
+        chosen = self.rng.random(len(original)) < GUARD_SHARE
+        original, at = original[chosen], ts[chosen] + self._seconds(10, 60, int(chosen.sum()))
+        blocked = self._fresh_keys(len(original))
+        self.emit(blocked, at, CREATE, OUT["rejected"], 409, attempt=1, pay=original)
+        self.guard_blocks.append((blocked, at))
+        confirmed = self.rng.random(len(original)) < CONFIRMED_SHARE
+        later = self._seconds(5, 20, int(confirmed.sum()))
+        original, at = original[confirmed], at[confirmed] + later
+        override = self._fresh_keys(len(original))
+        self.emit(override, at, CREATE, OUT["created"], 201, attempt=1, pay=original)
+        yes = np.ones(len(override), np.bool_)
+        self.transact(override, original, at, approved=yes, refund=~yes, reversible=False,
+                      override=True)  # fmt: skip
+        self.override_keys.append((original, override, at))
+
     def _new_key(self, original: Ints, at: Ints) -> None:
         """The terminal lost the response and minted a new key: charged twice."""
-        new = np.arange(self.next_key, self.next_key + len(original), dtype=np.int64)
-        self.next_key += len(original)
+        new = self._fresh_keys(len(original))
         self.emit(new, at, CREATE, OUT["created"], 201, attempt=1, pay=original)
         yes = np.ones(len(new), np.bool_)
         self.transact(new, original, at, approved=yes, refund=~yes, reversible=False)

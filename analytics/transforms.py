@@ -94,6 +94,12 @@ def is_numbered_attempt() -> Column:
     return is_counted_attempt() & F.col("attempt").isNotNull()
 
 
+def is_duplicate_blocked() -> Column:
+    """The duplicate guard's answer (issue 17): 409 ``suspected_duplicate``, recorded as a
+    create ``rejected`` with ``http_status`` 409 — the only create rejection with 409."""
+    return is_create() & (F.col("outcome") == "rejected") & (F.col("http_status") == 409)
+
+
 def is_lookup_found() -> Column:
     return is_lookup() & (F.col("outcome") == "found")
 
@@ -276,6 +282,7 @@ def event_cube(events: DataFrame) -> DataFrame:
         F.count_if(is_lookup_found()).alias("lookups_found"),
         F.count_if(is_lookup_answered()).alias("lookups_answered"),
         F.count_if(is_key_reused()).alias("key_reused"),
+        F.count_if(is_duplicate_blocked()).alias("duplicates_blocked"),
     )
 
 

@@ -7,10 +7,12 @@
 metrics use all of its events whatever their date; only rows dated within --from..--to
 (inclusive) are written. Outputs in --out: ``<table>.csv`` (one file with a header) and a
 ``<table>/`` Parquet folder for daily_summary, terminal_ranking, suspected_double_charges,
-exactly_once_violations, network_rates, terminal_link_loss and daily_trend, plus
-``report.html`` and ``lake_warnings.csv`` (what is wrong with the lake:
-``analytics.lake_health``; with ``--strict`` any warning makes the exit status 1). CSV text
-cells that a spreadsheet would run as a formula are prefixed with ``'``.
+exactly_once_violations, network_rates, terminal_link_loss, daily_trend, offline_summary,
+offline_terminals and duplicate_guard (``analytics.offline``), plus ``report.html``,
+``lake_warnings.csv`` (what is wrong with the lake: ``analytics.lake_health``; with
+``--strict`` any warning makes the exit status 1) and ``lake_notes.csv`` (what is not
+damage but changes a figure's meaning: partitions older than the offline columns). CSV
+text cells that a spreadsheet would run as a formula are prefixed with ``'``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
-from analytics import lake_health, money, outputs, report, schemas, transforms  # noqa: E402
+from analytics import lake_health, money, offline, outputs, report, schemas, transforms  # noqa: E402
+from analytics.lake import ADDED_COLUMNS  # noqa: E402
 from analytics.lake_health import LakeHealth  # noqa: E402
 from analytics.session import build_session  # noqa: E402
 
@@ -54,6 +57,9 @@ OUTPUTS = [
     "network_rates",
     "terminal_link_loss",
     "daily_trend",
+    "offline_summary",
+    "offline_terminals",
+    "duplicate_guard",
 ]
 
 
@@ -64,6 +70,7 @@ class AuditResult:
     headline: dict[str, Any]
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[dict[str, Any]] = field(default_factory=list)  # not damage: --strict ignores
 
 
 def read_table(spark: SparkSession, lake: str, table: str, health: LakeHealth) -> DataFrame:
@@ -79,10 +86,13 @@ def read_table(spark: SparkSession, lake: str, table: str, health: LakeHealth) -
     """
     schema = schemas.TABLES[table]
     path = f"{lake.rstrip('/')}/{table}"
-    if "://" in lake:
-        df = transforms.conform(spark.read.parquet(f"{path}/event_date=*-*-*"), schema)
+    if "://" in lake:  # files of two lake schemas: read the union of their columns
+        files = spark.read.option("mergeSchema", "true").parquet(f"{path}/event_date=*-*-*")
+        df = transforms.conform(files, schema)
     else:
-        groups = lake_health.data_files(Path(path), table, schema.fieldNames(), health)
+        groups = lake_health.data_files(
+            Path(path), table, schema.fieldNames(), health, added=ADDED_COLUMNS[table]
+        )
         if not groups:
             return spark.createDataFrame([], schema)
         frames = [
@@ -194,6 +204,7 @@ def audit_tables(
     suspects = money.suspected_double_charges(transactions).cache()
     violations = money.violations_of(ledger_days, ledger).cache()
     summary = outputs.daily_summary(cubes, suspects, violations, start=start, end=end).cache()
+    sold = offline.transaction_cube(transactions).cache()
     return {
         "daily_summary": summary,
         "terminal_ranking": outputs.terminal_ranking(cubes.keys, start=start, end=end),
@@ -206,6 +217,9 @@ def audit_tables(
         "network_rates": outputs.network_rates(cubes, start=start, end=end),
         "terminal_link_loss": outputs.terminal_link_loss(cubes.keys, start=start, end=end),
         "daily_trend": outputs.daily_trend(summary),
+        "offline_summary": offline.offline_summary(sold, start=start, end=end),
+        "offline_terminals": offline.offline_terminals(sold, start=start, end=end),
+        "duplicate_guard": offline.duplicate_guard(cubes.events, sold, start=start, end=end),
     }
 
 
@@ -233,18 +247,26 @@ def run_audit(
         write_csv(out / f"{name}.csv", df.columns, rows[name])
         write_parquet(out / name, df.schema, collected)
     write_csv(out / "lake_warnings.csv", lake_health.COLUMNS, health.warnings)
+    write_csv(out / "lake_notes.csv", lake_health.COLUMNS, health.notes)
     on_stage("rendering report.html")
-    audit = report.AuditData(start=start, end=end, lake_warnings=health.warnings, **rows)
+    audit = report.AuditData(
+        start=start, end=end, lake_warnings=health.warnings, lake_notes=health.notes, **rows
+    )
     html_path = out / "report.html"
     html_path.write_text(report.render(audit), encoding="utf-8")
     return AuditResult(
-        out=out, report=html_path, headline=audit.headline(), rows=rows, warnings=health.warnings
+        out=out,
+        report=html_path,
+        headline=audit.headline(),
+        rows=rows,
+        warnings=health.warnings,
+        notes=health.notes,
     )
 
 
-def describe(warning: dict[str, Any]) -> str:
+def describe(warning: dict[str, Any], *, what: str = "lake warning") -> str:
     where = f"{warning['table']}/event_date={warning['event_date']}"
-    return f"lake warning [{warning['kind']}] {where}: {warning['detail']}"
+    return f"{what} [{warning['kind']}] {where}: {warning['detail']}"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -269,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark.stop()
     for warning in result.warnings:
         sys.stdout.write(describe(warning) + "\n")
+    for note in result.notes:
+        sys.stdout.write(describe(note, what="lake note") + "\n")
     for name, value in result.headline.items():
         sys.stdout.write(f"{name}: {value}\n")
     sys.stdout.write(f"report: {result.report}\n")
