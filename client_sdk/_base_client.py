@@ -1,5 +1,6 @@
-"""What ``Client`` and ``AsyncClient`` share: configuration (validated), the journal,
-building the protocol's steps, and translating between httpx and the protocol's replies.
+"""What ``Client`` and ``AsyncClient`` share: one constructor (configuration, validated),
+the journal, one definition of a payment's arguments (``PaymentArgs``, ``PurchaseArgs``)
+and building its steps, and translating between httpx and the protocol's replies.
 
 Times the server judges — ``captured_at``, ``expires_at`` and the UUIDv7 key's time — are
 taken from the device clock corrected by the offset learned from ``Date`` headers, so a
@@ -15,10 +16,11 @@ import warnings
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 import httpx
 
+from ._calls import transactions
 from ._context import Context
 from ._effects import (
     Begin,
@@ -50,13 +52,22 @@ __all__ = [
     "BaseClient",
     "OfflineDeclineHandler",
     "OfflineErrorHandler",
+    "PaymentArgs",
+    "PaymentKind",
+    "PurchaseArgs",
     "no_reply",
     "reply_from",
+    "check_payment",
     "retry_policy",
 ]
 
 MAX_DEADLINE_S = 3600.0
 """A payment deadline longer than an hour is a bug in the caller, not a customer waiting."""
+DEFAULT_DEADLINE_S = 60.0
+PaymentKind = Literal["purchase", "refund"]
+
+_TransportT = TypeVar("_TransportT")  # httpx.BaseTransport, or httpx.AsyncBaseTransport
+_SleepT = TypeVar("_SleepT")  # a blocking sleep, or an awaitable one
 
 NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
 # The server's Date header has a resolution of one second: a smaller offset is noise.
@@ -104,6 +115,18 @@ def _check_number(name: str, value: float, *, low: float, high: float, low_ok: b
 def check_deadline(deadline_s: float) -> None:
     """A payment's deadline: finite, positive and sane, checked before anything happens."""
     _check_number("deadline_s", deadline_s, low=0.0, high=MAX_DEADLINE_S, low_ok=False)
+
+
+def check_payment(kind: PaymentKind, args: PaymentArgs) -> None:
+    """A payment's arguments, checked before anything happens: the keywords ``PaymentArgs``
+    names (a ``TypeError`` otherwise, as for any signature) and a sane deadline."""
+    missing = PaymentArgs.__required_keys__ - args.keys()
+    if missing:
+        raise TypeError(f"{kind}() missing keyword arguments: {', '.join(sorted(missing))}")
+    unknown = args.keys() - PaymentArgs.__required_keys__ - PaymentArgs.__optional_keys__
+    if unknown:
+        raise TypeError(f"{kind}() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    check_deadline(args.get("deadline_s", DEFAULT_DEADLINE_S))
 
 
 def send_kwargs(effect: Send) -> dict[str, Any]:
@@ -155,27 +178,75 @@ def retry_policy(
     )
 
 
-class BaseClient:
-    """Configuration and translation shared by ``Client`` and ``AsyncClient``."""
+class _RequiredPaymentArgs(TypedDict):
+    amount: int
+    currency: str
+    card: Card | Mapping[str, str]
+
+
+class PaymentArgs(_RequiredPaymentArgs, total=False):
+    """The arguments of ``purchase`` and ``refund`` (keyword-only, in both clients), defined
+    once; ``BaseClient._payment`` applies the defaults.
+
+    - ``amount`` (required): minor units of ``currency`` (1250 BRL = R$ 12.50).
+    - ``currency`` (required): ISO 4217, three upper-case letters.
+    - ``card`` (required): a ``Card`` or a ``{"token", "last4", "brand"}`` mapping.
+    - ``deadline_s``: seconds the customer waits (default 60); at the deadline the key is
+      aborted.
+    - ``installments``, ``metadata``: sent when given (default None).
+    - ``captured_at``: the sale's time (default: now, on the server's clock as learned).
+    - ``reverse_late_approval``: reverse an approval that lands after the deadline (default
+      False).
+    """
+
+    deadline_s: float
+    installments: int | None
+    metadata: Mapping[str, Any] | None
+    captured_at: datetime | None
+    reverse_late_approval: bool
+
+
+class PurchaseArgs(PaymentArgs, total=False):
+    """``PaymentArgs`` plus ``allow_duplicate`` (default False): the cashier confirmed a
+    sale the merchant's duplicate guard refused (``SuspectedDuplicateError``) — a NEW
+    payment under a new key, sent with ``"allow_duplicate": true`` (contract §2.2, §4.13)."""
+
+    allow_duplicate: bool
+
+
+class BaseClient(Generic[_TransportT, _SleepT]):
+    """What ``Client`` and ``AsyncClient`` share: one constructor (the arguments are
+    documented on ``Client``), the journal, building a payment's steps, and translating
+    between httpx and the protocol. A client adds only its HTTP client and sleep
+    (``_connect``) and how it runs the steps (blocking, or awaited)."""
 
     def __init__(
         self,
+        base_url: str,
         api_key: str,
         *,
         terminal_id: str,
-        journal: str | os.PathLike[str] | Journal,
-        network: str | None,
-        timeout: float,
-        retry: RetryPolicy,
-        abort_grace_s: float,
-        send_expires_at: bool,
-        seed: int | None,
-        clock: Callable[[], float] | None,
-        monotonic: Callable[[], float] | None,
+        journal: str | os.PathLike[str] | Journal = "pos.db",
+        network: str | None = None,
+        timeout: float = 10.0,
+        transport: _TransportT | None = None,
+        retry: RetryPolicy | None = None,
+        abort_grace_s: float = 15.0,
+        send_expires_at: bool = True,
+        seed: int | None = None,
+        clock: Callable[[], float] | None = None,
+        monotonic: Callable[[], float] | None = None,
+        sleep: _SleepT | None = None,
+        base_backoff: float | None = None,
+        max_backoff: float | None = None,
+        max_retries: int | None = None,
         offline: OfflinePolicy | None = None,
         on_offline_decline: OfflineDeclineHandler | None = None,
         on_offline_error: OfflineErrorHandler | None = None,
     ) -> None:
+        policy = retry_policy(
+            retry, base_backoff=base_backoff, max_backoff=max_backoff, max_retries=max_retries
+        )
         if offline is not None and not isinstance(offline, OfflinePolicy):
             raise TypeError(f"offline must be an OfflinePolicy, not {type(offline).__name__}")
         if network is not None and network not in NETWORKS:
@@ -186,7 +257,7 @@ class BaseClient:
         if network is not None:
             headers["POS-Network"] = network
         self.terminal_id = terminal_id
-        self.retry = retry
+        self.retry = policy
         self.send_expires_at = send_expires_at
         self.offline = offline
         self.on_offline_decline = on_offline_decline
@@ -198,7 +269,7 @@ class BaseClient:
         self._ctx = Context(
             headers=headers,
             timeout=timeout,
-            policy=retry,
+            policy=policy,
             abort_grace_s=abort_grace_s,
             clock=clock or time.time,
             monotonic=monotonic or time.monotonic,
@@ -206,6 +277,13 @@ class BaseClient:
             rng=random.Random(seed),
             offline=offline,
         )
+        self._connect(base_url, transport=transport, timeout=timeout, sleep=sleep)
+
+    def _connect(
+        self, base_url: str, *, transport: _TransportT | None, timeout: float, sleep: _SleepT | None
+    ) -> None:
+        """Open this client's HTTP client (``self._http``) and choose its sleep."""
+        raise NotImplementedError
 
     @property
     def max_retries(self) -> int:
@@ -240,19 +318,10 @@ class BaseClient:
         return self._server_now(self._ctx.clock())
 
     def _payment(
-        self,
-        kind: Literal["purchase", "refund"],
-        *,
-        amount: int,
-        currency: str,
-        card: Card | Mapping[str, str],
-        deadline_s: float,
-        installments: int | None,
-        metadata: Mapping[str, Any] | None,
-        captured_at: datetime | None,
-        reverse_late_approval: bool,
+        self, kind: PaymentKind, args: PaymentArgs, *, allow_duplicate: bool = False
     ) -> tuple[str, Steps[Transaction]]:
         """Mint the key once and build the steps; nothing is written or sent yet."""
+        deadline_s = args.get("deadline_s", DEFAULT_DEADLINE_S)
         check_deadline(deadline_s)
         server_started = self._server_clock()
         server_now = datetime.fromtimestamp(server_started, UTC)
@@ -260,13 +329,14 @@ class BaseClient:
         body = build_body(
             terminal_id=self.terminal_id,
             kind=kind,
-            amount=amount,
-            currency=currency,
-            card=card_from(card),
-            installments=installments,
-            metadata=metadata,
-            captured_at=captured_at or server_now,
+            amount=args["amount"],
+            currency=args["currency"],
+            card=card_from(args["card"]),
+            installments=args.get("installments"),
+            metadata=args.get("metadata"),
+            captured_at=args.get("captured_at") or server_now,
             expires_at=expires,
+            allow_duplicate=allow_duplicate,
         )
         key = str(uuid7(unix_ms=int(server_started * 1000)))
         steps = pay(
@@ -274,13 +344,22 @@ class BaseClient:
             key=key,
             request_json=body,
             deadline_s=float(deadline_s),
-            reverse_late_approval=reverse_late_approval,
+            reverse_late_approval=args.get("reverse_late_approval", False),
             owner=new_owner(),
         )
         return key, steps
 
     def _recovery(self) -> Steps[list[Recovered]]:
         return recover(self._ctx, owner=new_owner())
+
+    def _reconciling(self, since: datetime, page_size: int) -> Steps[list[Transaction]]:
+        return transactions(
+            self._ctx,
+            terminal_id=self.terminal_id,
+            since=since,
+            page_size=page_size,
+            max_retries=self.retry.max_retries,
+        )
 
     def _forwarding(self) -> Steps[list[Recovered]]:
         return forward_stored(self._ctx, owner=new_owner())

@@ -8,41 +8,36 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import TypeVar, Unpack
 
 import httpx
 
 from ._base_client import (
     BaseClient,
-    OfflineDeclineHandler,
-    OfflineErrorHandler,
-    check_deadline,
+    PaymentArgs,
+    PaymentKind,
+    PurchaseArgs,
+    check_payment,
     no_reply,
     reply_from,
-    retry_policy,
     send_kwargs,
 )
-from ._calls import abort, lookup, reverse, transactions
-from ._effects import Notify, Reply, Send, Sleep, Steps
-from ._journal import Journal
-from ._models import Card, Fenced, Processing, Recovered, Transaction
-from ._offline import OfflinePolicy
-from ._retry import RetryPolicy
+from ._calls import abort, lookup, reverse
+from ._effects import Done, Notify, Reply, Send, Sleep, Steps, advance
+from ._models import Fenced, Processing, Recovered, Transaction
 
 __all__ = ["AsyncClient", "Client"]
 
 _T = TypeVar("_T")
 CLOCK_SYNC_PATH = "/healthz"
 CLOCK_SYNC_TIMEOUT_S = 2.0  # a slower answer says too little about the server's clock
-CardLike = Card | Mapping[str, str]
 
 
-class Client(BaseClient):
+class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
     """Blocking terminal client. One per process; thread-safe.
 
     ```python
@@ -79,64 +74,18 @@ class Client(BaseClient):
     Raises ``ValueError`` for an out-of-range setting.
     """
 
-    def __init__(
+    def _connect(
         self,
         base_url: str,
-        api_key: str,
         *,
-        terminal_id: str,
-        journal: str | os.PathLike[str] | Journal = "pos.db",
-        network: str | None = None,
-        timeout: float = 10.0,
-        transport: httpx.BaseTransport | None = None,
-        retry: RetryPolicy | None = None,
-        abort_grace_s: float = 15.0,
-        send_expires_at: bool = True,
-        seed: int | None = None,
-        clock: Callable[[], float] | None = None,
-        monotonic: Callable[[], float] | None = None,
-        sleep: Callable[[float], None] | None = None,
-        base_backoff: float | None = None,
-        max_backoff: float | None = None,
-        max_retries: int | None = None,
-        offline: OfflinePolicy | None = None,
-        on_offline_decline: OfflineDeclineHandler | None = None,
-        on_offline_error: OfflineErrorHandler | None = None,
+        transport: httpx.BaseTransport | None,
+        timeout: float,
+        sleep: Callable[[float], None] | None,
     ) -> None:
-        policy = retry_policy(
-            retry, base_backoff=base_backoff, max_backoff=max_backoff, max_retries=max_retries
-        )
-        super().__init__(
-            api_key,
-            terminal_id=terminal_id,
-            journal=journal,
-            network=network,
-            timeout=timeout,
-            retry=policy,
-            abort_grace_s=abort_grace_s,
-            send_expires_at=send_expires_at,
-            seed=seed,
-            clock=clock,
-            monotonic=monotonic,
-            offline=offline,
-            on_offline_decline=on_offline_decline,
-            on_offline_error=on_offline_error,
-        )
         self._http = httpx.Client(base_url=base_url, transport=transport, timeout=timeout)
         self._sleep = sleep or time.sleep
 
-    def purchase(
-        self,
-        *,
-        amount: int,
-        currency: str,
-        card: CardLike,
-        deadline_s: float = 60.0,
-        installments: int | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        captured_at: datetime | None = None,
-        reverse_late_approval: bool = False,
-    ) -> Transaction:
+    def purchase(self, **payment: Unpack[PurchaseArgs]) -> Transaction:
         """Sell: charge ``amount`` (minor units of ``currency``, e.g. 1250 BRL = R$ 12.50)
         to ``card`` (a ``Card`` or a ``{"token", "last4", "brand"}`` mapping), exactly once.
 
@@ -150,58 +99,26 @@ class Client(BaseClient):
         at all is accepted offline: the result has ``offline=True``, the journal holds it
         STORED until it is forwarded.
 
+        With ``allow_duplicate`` (the cashier confirmed a sale the merchant's duplicate
+        guard refused) the create says ``"allow_duplicate": true`` and is processed even if
+        suspected: a NEW payment, new key (contract §4.13).
+
         Returns the ``Transaction`` (``status`` ``"approved"`` or ``"declined"``). Raises
         ``PaymentAbortedError`` (definitive: never charged; ``OfflineLimitError`` when the
-        server was unreachable and the offline policy refused it), ``PaymentInDoubtError``
+        server was unreachable and the offline policy refused it; ``SuspectedDuplicateError``
+        when the duplicate guard refused it as a repeat of ``duplicate_of`` — the key is
+        fenced), ``PaymentInDoubtError``
         (no definitive answer could be recorded; ``recover()`` settles it later), an
         ``APIError`` subclass for a request the server refused (e.g.
         ``ValidationFailedError``), ``ValueError`` for a bad argument.
         """
-        check_deadline(deadline_s)
-        self._learn_clock()
-        self._forward_first()
-        _, steps = self._payment(
-            "purchase",
-            amount=amount,
-            currency=currency,
-            card=card,
-            deadline_s=deadline_s,
-            installments=installments,
-            metadata=metadata,
-            captured_at=captured_at,
-            reverse_late_approval=reverse_late_approval,
-        )
-        return self._run(steps)
+        allow_duplicate = payment.pop("allow_duplicate", False)
+        return self._sell("purchase", payment, allow_duplicate=allow_duplicate)
 
-    def refund(
-        self,
-        *,
-        amount: int,
-        currency: str,
-        card: CardLike,
-        deadline_s: float = 60.0,
-        installments: int | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        captured_at: datetime | None = None,
-        reverse_late_approval: bool = False,
-    ) -> Transaction:
+    def refund(self, **payment: Unpack[PaymentArgs]) -> Transaction:
         """Refund ``amount`` to ``card``: the same guarantees, arguments, result and
-        errors as ``purchase`` (a refund is never accepted offline)."""
-        check_deadline(deadline_s)
-        self._learn_clock()
-        self._forward_first()
-        _, steps = self._payment(
-            "refund",
-            amount=amount,
-            currency=currency,
-            card=card,
-            deadline_s=deadline_s,
-            installments=installments,
-            metadata=metadata,
-            captured_at=captured_at,
-            reverse_late_approval=reverse_late_approval,
-        )
-        return self._run(steps)
+        errors as ``purchase`` (a refund is never accepted offline, nor guarded)."""
+        return self._sell("refund", payment)
 
     def lookup(self, id: str) -> Transaction | Processing:
         """The server's answer for key ``id``: the ``Transaction``, or ``Processing``
@@ -240,14 +157,7 @@ class Client(BaseClient):
         """This terminal's transactions on the server created since ``since`` (aware
         datetime), oldest first, every page of ``GET /v1/transactions`` — for a terminal
         that lost its journal. Raises an ``APIError`` or ``APIConnectionError``."""
-        steps = transactions(
-            self._ctx,
-            terminal_id=self.terminal_id,
-            since=since,
-            page_size=page_size,
-            max_retries=self.retry.max_retries,
-        )
-        return self._run(steps)
+        return self._run(self._reconciling(since, page_size))
 
     def close(self) -> None:
         """Close the HTTP connections, and the journal if the client opened it."""
@@ -265,6 +175,15 @@ class Client(BaseClient):
     ) -> None:
         self.close()
 
+    def _sell(
+        self, kind: PaymentKind, args: PaymentArgs, *, allow_duplicate: bool = False
+    ) -> Transaction:
+        check_payment(kind, args)
+        self._learn_clock()
+        self._forward_first()
+        _, steps = self._payment(kind, args, allow_duplicate=allow_duplicate)
+        return self._run(steps)
+
     def _run(self, steps: Steps[_T]) -> _T:
         try:
             return self._interpret(steps)
@@ -275,11 +194,7 @@ class Client(BaseClient):
     def _interpret(self, steps: Steps[_T]) -> _T:
         reply: object = None
         failure: Exception | None = None
-        while True:
-            try:
-                effect = steps.send(reply) if failure is None else steps.throw(failure)
-            except StopIteration as done:
-                return cast(_T, done.value)
+        while not isinstance(effect := advance(steps, reply, failure), Done):
             reply, failure = None, None
             try:
                 if isinstance(effect, Send):
@@ -292,6 +207,7 @@ class Client(BaseClient):
                     reply = self._journal_effect(effect)
             except Exception as exc:
                 failure = exc
+        return effect.value
 
     def _notify(self, effect: Notify) -> None:
         handler = self._handler(effect)
@@ -334,7 +250,7 @@ class Client(BaseClient):
             return no_reply(exc)
 
 
-class AsyncClient(BaseClient):
+class AsyncClient(BaseClient[httpx.AsyncBaseTransport, Callable[[float], Awaitable[None]]]):
     """Asyncio terminal client: the same arguments and surface as ``Client``, with
     coroutine methods (journal writes run in a worker thread).
 
@@ -344,109 +260,25 @@ class AsyncClient(BaseClient):
     ```
     """
 
-    def __init__(
+    def _connect(
         self,
         base_url: str,
-        api_key: str,
         *,
-        terminal_id: str,
-        journal: str | os.PathLike[str] | Journal = "pos.db",
-        network: str | None = None,
-        timeout: float = 10.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-        retry: RetryPolicy | None = None,
-        abort_grace_s: float = 15.0,
-        send_expires_at: bool = True,
-        seed: int | None = None,
-        clock: Callable[[], float] | None = None,
-        monotonic: Callable[[], float] | None = None,
-        sleep: Callable[[float], Awaitable[None]] | None = None,
-        base_backoff: float | None = None,
-        max_backoff: float | None = None,
-        max_retries: int | None = None,
-        offline: OfflinePolicy | None = None,
-        on_offline_decline: OfflineDeclineHandler | None = None,
-        on_offline_error: OfflineErrorHandler | None = None,
+        transport: httpx.AsyncBaseTransport | None,
+        timeout: float,
+        sleep: Callable[[float], Awaitable[None]] | None,
     ) -> None:
-        policy = retry_policy(
-            retry, base_backoff=base_backoff, max_backoff=max_backoff, max_retries=max_retries
-        )
-        super().__init__(
-            api_key,
-            terminal_id=terminal_id,
-            journal=journal,
-            network=network,
-            timeout=timeout,
-            retry=policy,
-            abort_grace_s=abort_grace_s,
-            send_expires_at=send_expires_at,
-            seed=seed,
-            clock=clock,
-            monotonic=monotonic,
-            offline=offline,
-            on_offline_decline=on_offline_decline,
-            on_offline_error=on_offline_error,
-        )
         self._http = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout)
         self._sleep = sleep or asyncio.sleep
 
-    async def purchase(
-        self,
-        *,
-        amount: int,
-        currency: str,
-        card: CardLike,
-        deadline_s: float = 60.0,
-        installments: int | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        captured_at: datetime | None = None,
-        reverse_late_approval: bool = False,
-    ) -> Transaction:
+    async def purchase(self, **payment: Unpack[PurchaseArgs]) -> Transaction:
         """``Client.purchase``, awaited: the same guarantees, result and errors."""
-        check_deadline(deadline_s)
-        await self._learn_clock()
-        await self._forward_first()
-        _, steps = self._payment(
-            "purchase",
-            amount=amount,
-            currency=currency,
-            card=card,
-            deadline_s=deadline_s,
-            installments=installments,
-            metadata=metadata,
-            captured_at=captured_at,
-            reverse_late_approval=reverse_late_approval,
-        )
-        return await self._run(steps)
+        allow_duplicate = payment.pop("allow_duplicate", False)
+        return await self._sell("purchase", payment, allow_duplicate=allow_duplicate)
 
-    async def refund(
-        self,
-        *,
-        amount: int,
-        currency: str,
-        card: CardLike,
-        deadline_s: float = 60.0,
-        installments: int | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        captured_at: datetime | None = None,
-        reverse_late_approval: bool = False,
-    ) -> Transaction:
+    async def refund(self, **payment: Unpack[PaymentArgs]) -> Transaction:
         """``Client.refund``, awaited: the same guarantees, result and errors."""
-        check_deadline(deadline_s)
-        await self._learn_clock()
-        await self._forward_first()
-        _, steps = self._payment(
-            "refund",
-            amount=amount,
-            currency=currency,
-            card=card,
-            deadline_s=deadline_s,
-            installments=installments,
-            metadata=metadata,
-            captured_at=captured_at,
-            reverse_late_approval=reverse_late_approval,
-        )
-        return await self._run(steps)
+        return await self._sell("refund", payment)
 
     async def lookup(self, id: str) -> Transaction | Processing:
         """``Client.lookup``, awaited."""
@@ -470,14 +302,7 @@ class AsyncClient(BaseClient):
 
     async def reconcile(self, *, since: datetime, page_size: int = 100) -> list[Transaction]:
         """``Client.reconcile``, awaited."""
-        steps = transactions(
-            self._ctx,
-            terminal_id=self.terminal_id,
-            since=since,
-            page_size=page_size,
-            max_retries=self.retry.max_retries,
-        )
-        return await self._run(steps)
+        return await self._run(self._reconciling(since, page_size))
 
     async def close(self) -> None:
         """Close the HTTP connections, and the journal if the client opened it."""
@@ -499,6 +324,15 @@ class AsyncClient(BaseClient):
     ) -> None:
         await self.close()
 
+    async def _sell(
+        self, kind: PaymentKind, args: PaymentArgs, *, allow_duplicate: bool = False
+    ) -> Transaction:
+        check_payment(kind, args)
+        await self._learn_clock()
+        await self._forward_first()
+        _, steps = self._payment(kind, args, allow_duplicate=allow_duplicate)
+        return await self._run(steps)
+
     async def _run(self, steps: Steps[_T]) -> _T:
         try:
             return await self._interpret(steps)
@@ -509,11 +343,7 @@ class AsyncClient(BaseClient):
     async def _interpret(self, steps: Steps[_T]) -> _T:
         reply: object = None
         failure: Exception | None = None
-        while True:
-            try:
-                effect = steps.send(reply) if failure is None else steps.throw(failure)
-            except StopIteration as done:
-                return cast(_T, done.value)
+        while not isinstance(effect := advance(steps, reply, failure), Done):
             reply, failure = None, None
             try:
                 if isinstance(effect, Send):
@@ -526,6 +356,7 @@ class AsyncClient(BaseClient):
                     reply = await asyncio.to_thread(self._journal_effect, effect)
             except Exception as exc:
                 failure = exc
+        return effect.value
 
     async def _notify(self, effect: Notify) -> None:
         handler = self._handler(effect)
@@ -544,11 +375,7 @@ class AsyncClient(BaseClient):
             return
 
     async def _learn_clock(self) -> None:
-        """Before this client's first payment, ask the server its time (``GET /healthz``,
-        one quick round trip), so that even the first key's UUIDv7 time and
-        ``captured_at`` are on the server's clock: a terminal booting with its clock far
-        off would otherwise be refused (422 clock_skew, 410 request_expired). Best effort:
-        when the server cannot be reached the payment goes ahead on the device clock."""
+        """``Client._learn_clock``, awaited."""
         if self._clock_asked:
             return
         sent_at = self._ctx.clock()

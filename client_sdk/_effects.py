@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Generic, Literal, TypeVar, cast
 
 from ._models import JournalState
 from ._offline import OfflinePolicy
@@ -36,6 +36,7 @@ from ._offline import OfflinePolicy
 __all__ = [
     "Begin",
     "Claim",
+    "Done",
     "Effect",
     "HttpReply",
     "JournalEffect",
@@ -50,6 +51,7 @@ __all__ = [
     "Steps",
     "Store",
     "Unfinished",
+    "advance",
 ]
 
 
@@ -152,3 +154,19 @@ Effect = JournalEffect | Send | Sleep | Notify
 Reply = HttpReply | NoReply
 _T = TypeVar("_T")
 Steps = Generator[Effect, object, _T]
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Generic[_T]):
+    """The steps returned ``value``: nothing more to run."""
+
+    value: _T
+
+
+def advance(steps: Steps[_T], reply: object, failure: Exception | None) -> Effect | Done[_T]:
+    """Give the protocol the last effect's result (or throw its failure in): its next
+    effect, or ``Done`` — the one step both clients' interpreters share."""
+    try:
+        return steps.send(reply) if failure is None else steps.throw(failure)
+    except StopIteration as done:
+        return Done(cast(_T, done.value))

@@ -74,8 +74,11 @@ def build_body(
     metadata: Mapping[str, Any] | None,
     captured_at: datetime,
     expires_at: datetime | None,
+    allow_duplicate: bool = False,
 ) -> str:
-    """The canonical JSON text of a create request."""
+    """The canonical JSON text of a create request. ``allow_duplicate`` adds
+    ``"allow_duplicate": true`` (the cashier overrode the duplicate guard); the server
+    leaves it out of the key's fingerprint, so it never makes a resend differ."""
     if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
         raise ValueError("amount must be a positive integer of minor units")
     if not _CURRENCY.fullmatch(currency):
@@ -94,6 +97,8 @@ def build_body(
         body["installments"] = installments
     if metadata is not None:
         body["metadata"] = dict(metadata)
+    if allow_duplicate:
+        body["allow_duplicate"] = True
     if contains_pan(body) or contains_pan(metadata, check_ints=True):
         raise PanNotAllowedError(
             "pan_not_allowed: the request carries something that looks like a card number",
