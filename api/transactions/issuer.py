@@ -36,6 +36,7 @@ DECLINES = {
 
 @dataclass(frozen=True, slots=True)
 class AuthorizationRequest:
+    merchant_id: str  # whose record: it lives on the merchant's shard on Citus
     issuer_key: str
     card_token: str
     amount: int
@@ -63,6 +64,7 @@ class Issuer(Protocol):
         self,
         issuer_key: str,
         *,
+        merchant_id: str,
         amount: int,
         currency: str,
         conn: AsyncConnection | None = None,
@@ -123,6 +125,7 @@ class SimulatedIssuer:
             conn,
             IssuerAuthorization,
             {
+                "merchant_id": request.merchant_id,
                 "issuer_key": request.issuer_key,
                 "result": "approved" if decided.approved else "declined",
                 "decline_reason": decided.decline_reason,
@@ -138,7 +141,10 @@ class SimulatedIssuer:
         row = (
             await conn.execute(
                 update(IssuerAuthorization)
-                .where(IssuerAuthorization.issuer_key == request.issuer_key)
+                .where(
+                    IssuerAuthorization.merchant_id == request.merchant_id,
+                    IssuerAuthorization.issuer_key == request.issuer_key,
+                )
                 .values(calls=IssuerAuthorization.calls + 1)
                 .returning(
                     IssuerAuthorization.result,
@@ -159,24 +165,32 @@ class SimulatedIssuer:
         self,
         issuer_key: str,
         *,
+        merchant_id: str,
         amount: int,
         currency: str,
         conn: AsyncConnection | None = None,
     ) -> None:
         if conn is not None:
-            await self._void(conn, issuer_key, amount=amount, currency=currency)
+            await self._void(conn, issuer_key, merchant_id, amount=amount, currency=currency)
             return
         async with atomic(self._engine) as own:
-            await self._void(own, issuer_key, amount=amount, currency=currency)
+            await self._void(own, issuer_key, merchant_id, amount=amount, currency=currency)
 
     async def _void(
-        self, conn: AsyncConnection, issuer_key: str, *, amount: int, currency: str
+        self,
+        conn: AsyncConnection,
+        issuer_key: str,
+        merchant_id: str,
+        *,
+        amount: int,
+        currency: str,
     ) -> None:
         now = utcnow()
         inserted = await insert_if_absent(
             conn,
             IssuerAuthorization,
             {
+                "merchant_id": merchant_id,
                 "issuer_key": issuer_key,
                 "result": "voided",
                 "amount": amount,
@@ -190,6 +204,7 @@ class SimulatedIssuer:
             await conn.execute(
                 update(IssuerAuthorization)
                 .where(
+                    IssuerAuthorization.merchant_id == merchant_id,
                     IssuerAuthorization.issuer_key == issuer_key,
                     IssuerAuthorization.voided_at.is_(None),
                 )

@@ -16,6 +16,10 @@ it, and the caller reads the row afterwards.
 The key reads of the hot path (replay, lookup, abort, reversal) use the same pool: one
 prepared ``SELECT`` in autocommit, no BEGIN/ROLLBACK, no SQLAlchemy.
 
+On Citus (the extension installed, asked once by the first create) ``create`` writes
+nothing and answers ``False``: the general path writes instead, every statement routed to
+the merchant's shard (docs/scaling.md). ``CREATE`` itself is the same statement on both.
+
 Errors: a pool that cannot give a connection in ``IDEMPAY_DB_TIMEOUT`` (or open one) and a
 statement failing for want of storage (``api.storage_errors.storage_unavailable``) raise
 ``StorageUnavailableError`` (503, nothing acknowledged); the connection of the latter is
@@ -48,9 +52,9 @@ WITH k AS (
   VALUES ($1, $2, 'completed', $3, 1, $4, 201, $5, $6, $6)
   ON CONFLICT DO NOTHING RETURNING key
 ), i AS (
-  INSERT INTO issuer_authorization (issuer_key, result, decline_reason, authorization_code,
-    amount, currency, calls, created_at)
-  SELECT $7, $8, $9, $10, $11, $12, 1, $24 FROM k
+  INSERT INTO issuer_authorization (merchant_id, issuer_key, result, decline_reason,
+    authorization_code, amount, currency, calls, created_at)
+  SELECT $1, $7, $8, $9, $10, $11, $12, 1, $24 FROM k
 ), t AS (
   INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,
     card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,
@@ -73,6 +77,8 @@ FROM (SELECT 1) AS one
 LEFT JOIN idempotency_key AS r ON r.merchant_id = $1 AND r.key = $2
 """
 
+CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+
 READ_KEY = """
 SELECT merchant_id, key, state, fingerprint, lease_token, lease_until, request,
   response_status, response_body, terminal_id, created_at, deadline_at
@@ -89,6 +95,16 @@ READ_TRANSACTION = (
 class PgInline:
     def __init__(self, pool: DriverPool) -> None:
         self.pool = pool
+        self.citus: bool | None = None  # the database has Citus: decided by the first create
+
+    async def detect_citus(self) -> bool:
+        """Once per process (the first create asks; the answer never changes while the
+        database runs). Citus plans each INSERT of ``CREATE``'s CTE as a step of its own and
+        ships the steps' results to every worker (one worker down would fail every
+        merchant's create), so there the general path writes instead: one transaction of
+        statements, each routed to the merchant's shard."""
+        self.citus = bool(await self._call("fetchval", CITUS))
+        return self.citus
 
     async def _call(self, method: str, statement: str, *args: Any) -> Any:
         pool = self.pool
@@ -111,6 +127,11 @@ class PgInline:
         return result
 
     async def create(self, rows: InlineCreate) -> KeyRecord | bool:
+        citus = self.citus
+        if citus is None:
+            citus = await self.detect_citus()
+        if citus:
+            return False  # nothing written: the general path answers (one shard per statement)
         txn, ledger, event = rows.txn, rows.ledger or {}, rows.event
         try:
             row = await self._call(

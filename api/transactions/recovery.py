@@ -105,6 +105,7 @@ async def fence(
         if fenced:
             await service.issuer.void(
                 service.issuer_key(record.merchant_id, record.key),
+                merchant_id=record.merchant_id,
                 amount=request.amount,
                 currency=request.currency,
                 conn=conn,

@@ -211,7 +211,10 @@ async def reverse(
         # carried by the outbox's transaction.reversed event for the acquirer connector
         with contextlib.suppress(Exception):
             await service.issuer.void(
-                service.issuer_key(merchant_id, key), amount=txn.amount, currency=txn.currency
+                service.issuer_key(merchant_id, key),
+                merchant_id=merchant_id,
+                amount=txn.amount,
+                currency=txn.currency,
             )
     body, is_reversed = await _current(service, record)
     await service.cache.put_lookup(merchant_id, key, body, reversed_=is_reversed)

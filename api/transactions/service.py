@@ -367,6 +367,7 @@ class TransactionService:
         self, merchant_id: str, key: str, body: TransactionCreate
     ) -> AuthorizationRequest:
         return AuthorizationRequest(
+            merchant_id=merchant_id,
             issuer_key=self.issuer_key(merchant_id, key),
             card_token=body.card.token,
             amount=body.amount,
@@ -497,7 +498,10 @@ class TransactionService:
         and announced ``transaction.aborted``; this only repeats the void for our answer."""
         try:
             await self.issuer.void(
-                self.issuer_key(merchant_id, key), amount=body.amount, currency=body.currency
+                self.issuer_key(merchant_id, key),
+                merchant_id=merchant_id,
+                amount=body.amount,
+                currency=body.currency,
             )
         except Exception as exc:
             LATE_VOID_FAILURES.inc()

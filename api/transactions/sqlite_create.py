@@ -43,8 +43,8 @@ _KEY = (
     " VALUES (?, ?, 'completed', ?, 1, ?, 201, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
 _ISSUER = (
-    "INSERT INTO issuer_authorization (issuer_key, result, decline_reason, authorization_code,"
-    " amount, currency, calls, created_at) VALUES (?, ?, ?, ?, ?, ?, 1, ?)"
+    "INSERT INTO issuer_authorization (merchant_id, issuer_key, result, decline_reason,"
+    " authorization_code, amount, currency, calls, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)"
 )
 _TXN = (
     'INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,'
@@ -95,8 +95,8 @@ def statements(rows: InlineCreate) -> Statements:
     out: Statements = [
         (_KEY, (txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id,
                 rows.response_body, created, created)),
-        (_ISSUER, (rows.issuer_key, txn.status, txn.decline_reason, txn.authorization_code,
-                   txn.amount, txn.currency, created)),
+        (_ISSUER, (txn.merchant_id, rows.issuer_key, txn.status, txn.decline_reason,
+                   txn.authorization_code, txn.amount, txn.currency, created)),
         (_TXN, (txn.merchant_id, txn.id, txn.terminal_id, txn.type, txn.amount, txn.currency,
                 txn.card_last4, txn.card_brand, txn.card_fingerprint, txn.installments,
                 txn.status, txn.decline_reason, txn.authorization_code,

@@ -225,11 +225,14 @@ class _VoidFails(SimulatedIssuer):
         self,
         issuer_key: str,
         *,
+        merchant_id: str,
         amount: int,
         currency: str,
         conn: AsyncConnection | None = None,
     ) -> None:
-        await super().void(issuer_key, amount=amount, currency=currency, conn=conn)
+        await super().void(
+            issuer_key, merchant_id=merchant_id, amount=amount, currency=currency, conn=conn
+        )
         raise RuntimeError("issuer connector failed after the void was written")
 
 
