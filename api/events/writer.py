@@ -11,6 +11,16 @@ On Postgres a batch is one ``INSERT … SELECT FROM unnest(…)`` statement (one
 column, an asyncpg prepared statement on a connection of the engine's pool, in its own
 transaction); on SQLite one executemany in a transaction.
 
+On Citus (the extension installed: asked once, by the first flush) a batch is split by
+merchant, and each merchant's rows go in multi-row ``INSERT … VALUES`` statements of 64,
+32, …, 1 rows (seven statement texts, each prepared once per connection), each in its own
+transaction: every statement is routed to the merchant's shard, one task on one worker.
+``INSERT … SELECT FROM unnest`` would be planned there as an insert-select that pulls the
+whole batch to the coordinator and writes every merchant's shard in one distributed
+transaction, so one worker down would hold back every merchant's events. A statement that
+fails puts back that merchant's rows only (the rest of its rows in this flush too); the
+other merchants' rows land.
+
 Shutdown (``close``) stops the periodic loop, lets a flush under way finish and drains the
 queue — retrying a flush that fails, e.g. while the database restarts — within a deadline;
 only events still queued at the deadline are lost, and counted in the log. A process killed
@@ -31,6 +41,7 @@ from enum import StrEnum
 from typing import Any
 
 import structlog
+from sqlalchemy import text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -95,6 +106,45 @@ ON CONFLICT (merchant_id, event_id) DO NOTHING
 """
 
 
+# Citus: a merchant's rows, at most CITUS_CHUNK per statement, in power-of-two chunks.
+CITUS_CHUNK = 64
+CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+_MERCHANT = COLUMNS.index("merchant_id")
+
+
+def citus_insert(rows: int) -> str:
+    """``INSERT … VALUES`` of ``rows`` rows: one merchant's, so one shard on Citus."""
+    width = len(COLUMNS)
+    values = ", ".join(
+        "(" + ", ".join(f"${row * width + column + 1}" for column in range(width)) + ")"
+        for row in range(rows)
+    )
+    return (
+        f"INSERT INTO request_event ({', '.join(COLUMNS)}) VALUES {values} "
+        "ON CONFLICT (merchant_id, event_id) DO NOTHING"
+    )
+
+
+CITUS_INSERTS = {size: citus_insert(size) for size in (1, 2, 4, 8, 16, 32, CITUS_CHUNK)}
+
+
+def by_merchant(rows: list[Row]) -> list[list[Row]]:
+    """The Citus statements' rows: each merchant's rows in chunks of 64, 32, …, 1."""
+    merchants: dict[str, list[Row]] = {}
+    for row in rows:
+        merchants.setdefault(row[_MERCHANT], []).append(row)
+    chunks: list[list[Row]] = []
+    for own in merchants.values():
+        start = 0
+        while start < len(own):
+            size = CITUS_CHUNK
+            while size > len(own) - start:
+                size //= 2
+            chunks.append(own[start : start + size])
+            start += size
+    return chunks
+
+
 def _row(item: Event | Row) -> Row:
     """The row of a queued event; a row put back by a failed flush is already one."""
     if not isinstance(item, Event):
@@ -136,6 +186,8 @@ class EventWriter:
         self._max_queue = max_queue
         self._queue: deque[Event | Row] = deque()
         self._postgres = engine.dialect.name == "postgresql"
+        # Citus or not: asked by the first flush (None until then), never again
+        self._citus: bool | None = None if self._postgres else False
         self._insert = _insert_once(engine.dialect.name)
         self._closing = asyncio.Event()
 
@@ -151,7 +203,11 @@ class EventWriter:
         taken = min(self._batch_size, len(queue))
         if not taken:
             return 0
+        if self._citus is None and not await self._detect_citus():
+            return 0
         rows = [_row(queue.popleft()) for _ in range(taken)]
+        if self._citus:
+            return await self._insert_by_merchant(rows)
         try:
             await (self._insert_pg(rows) if self._postgres else self._insert_rows(rows))
         except Exception as exc:  # storage down: put them back, try on the next tick
@@ -174,6 +230,75 @@ class EventWriter:
             raise
         finally:
             pooled.close()
+
+    async def _detect_citus(self) -> bool:
+        """Whether the database has Citus, asked once; False when it did not answer (the
+        queue is left as it is, the next flush asks again)."""
+        try:
+            async with self._engine.connect() as conn:
+                self._citus = bool(await conn.scalar(text(CITUS)))
+        except Exception as exc:
+            log.warning("event_flush_failed", error=type(exc).__name__, events=0)
+            return False
+        return True
+
+    async def _insert_by_merchant(self, rows: list[Row]) -> int:
+        """Citus: each merchant's rows in statements of their own, each its own transaction
+        routed to the merchant's shard. A merchant whose statement fails (its worker down)
+        gets its rows put back, the others' land; a connection lost puts back everything
+        not written yet. Returns how many rows were written."""
+        try:
+            pooled = await self._engine.raw_connection()
+        except Exception as exc:  # no connection: nothing written, everything back
+            log.warning("event_flush_failed", error=type(exc).__name__, events=len(rows))
+            self._put_back(rows)
+            return 0
+        except BaseException:
+            self._put_back(rows)
+            raise
+        chunks = by_merchant(rows)
+        position = written = 0  # chunks before `position` are written or in `failed`
+        failed: list[Row] = []
+        refused: set[str] = set()  # merchants whose statement failed in this flush
+        error: Exception | None = None
+        try:
+            driver: Any = pooled.driver_connection
+            while position < len(chunks):
+                chunk = chunks[position]
+                merchant = chunk[0][_MERCHANT]
+                if merchant not in refused:
+                    try:
+                        args = [value for row in chunk for value in row]
+                        await driver.execute(CITUS_INSERTS[len(chunk)], *args)
+                    except Exception as exc:  # its worker is down, or the coordinator is
+                        error = exc
+                        refused.add(merchant)
+                        if driver.is_closed():  # the connection is gone: the rest goes back
+                            break
+                    else:
+                        written += len(chunk)
+                        position += 1
+                        continue
+                failed.extend(chunk)
+                position += 1
+        except BaseException as exc:  # cancelled mid-statement: this chunk and the rest back
+            self._put_back(failed + [row for chunk in chunks[position:] for row in chunk])
+            pooled.invalidate(exc if isinstance(exc, Exception) else None)
+            pooled.close()
+            raise
+        failed.extend(row for chunk in chunks[position:] for row in chunk)
+        if error is not None:
+            log.warning(
+                "event_flush_failed",
+                error=type(error).__name__,
+                events=len(failed),
+                merchants=len(refused),
+            )
+            self._put_back(failed)
+            if driver.is_closed():
+                pooled.invalidate(error)
+        pooled.close()
+        return written
 
     async def _insert_rows(self, rows: list[Row]) -> None:
         async with atomic(self._engine) as conn:

@@ -23,7 +23,6 @@ import pytest
 
 from tests.support.backend import Backend
 from tests.support.citus import (
-    PENDING_CODE_CHANGES,
     CitusCluster,
     LoggedStatement,
     execute_sync,
@@ -55,8 +54,12 @@ class Plan:
         return ports - {coordinator_port}
 
     def single_shard(self, coordinator_port: int) -> bool:
+        """A Citus plan of tasks, each one task, on one worker. A plan that shows no task
+        at all (an insert-select pulled to the coordinator, whose shards are only known as
+        its rows arrive) is not one."""
         return (
             "Custom Scan (Citus" in self.text
+            and bool(self.task_counts)
             and all(n == 1 for n in self.task_counts)
             and len(self.workers(coordinator_port)) <= 1
         )
@@ -127,47 +130,36 @@ def hot_path(citus_db: Backend, citus: CitusCluster) -> tuple[list[Plan], list[d
     return plans, stats
 
 
-def _pending(sql: str) -> bool:
-    """A statement the pending create-path change makes single-shard (PENDING_CODE_CHANGES)."""
-    return bool(PENDING_CODE_CHANGES) and ("issuer_authorization" in sql or "request_event" in sql)
-
-
 def test_every_hot_path_statement_plans_to_one_shard(
     hot_path: tuple[list[Plan], list[dict[str, object]]], citus: CitusCluster
 ) -> None:
     plans, _ = hot_path
     seen = " ".join(p.statement.sql for p in plans)
-    tables = ["idempotency_key", "transaction", "ledger_entry", "outbox_event"]
-    if not PENDING_CODE_CHANGES:  # until then the event writer's insert cannot be planned
-        tables.append("request_event")
+    tables = [
+        "idempotency_key",
+        "transaction",
+        "ledger_entry",
+        "outbox_event",
+        "issuer_authorization",
+        "request_event",
+    ]
     for table in tables:
         assert table in seen, f"no hot-path statement on {table} was seen: {seen[:500]}"
     port = citus.coordinator.port
     multi = [p for p in plans if not p.single_shard(port)]
-    broken = [p for p in multi if not _pending(p.statement.sql)]
-    assert not broken, "\n\n".join(f"{p.statement.sql}\n{p.text}" for p in broken)
-    if multi:
-        pytest.xfail("pending create-path change: " + "; ".join(PENDING_CODE_CHANGES))
+    assert not multi, "\n\n".join(f"{p.statement.sql}\n{p.text}" for p in multi)
 
 
 def test_the_executor_routes_each_by_its_merchant(
     hot_path: tuple[list[Plan], list[dict[str, object]]],
 ) -> None:
-    """citus_stat_statements: a router query records its shard's key (the merchant); the
-    one-write create's CTE is planned in steps (Citus never routes an INSERT … in a CTE as
-    one query), so its single shard is shown by its EXPLAIN above instead; so is the event
-    writer's batch (``INSERT … SELECT FROM unnest(…)``: Citus routes its rows one by one, and
-    a batch of several merchants' events is a multi-shard write, off the request path)."""
+    """citus_stat_statements: a router query records its shard's key (the merchant). The
+    one-write create's CTE is not run on Citus (``PgInline.create`` leaves it to the general
+    path there), and the event writer's statements are one merchant's rows each: every
+    statement on a distributed table is routed."""
     _, stats = hot_path
     unrouted = [
-        s
-        for s in stats
-        if s["partition_key"] is None
-        and DISTRIBUTED_TABLE.search(str(s["query"]))
-        and not str(s["query"]).lstrip().startswith("WITH k AS")
-        and not (s["executor"] == "insert-select" and "INTO request_event" in str(s["query"]))
+        s for s in stats if s["partition_key"] is None and DISTRIBUTED_TABLE.search(str(s["query"]))
     ]
-    broken = [s for s in unrouted if not _pending(str(s["query"]))]
-    assert not broken, broken
-    if unrouted:
-        pytest.xfail("pending create-path change: " + "; ".join(PENDING_CODE_CHANGES))
+    assert not unrouted, unrouted
+    assert not [s for s in stats if str(s["query"]).lstrip().startswith("WITH k AS")]
