@@ -112,7 +112,7 @@ def inline_writer(settings: Settings) -> InlineWriter | None:
 
 
 def build_context(settings: Settings) -> AppContext:
-    engine_share, _hot_share = split_budget(settings.db_pool_size)
+    engine_share, hot_share = split_budget(settings.db_pool_size)
     engine = create_engine(settings, pool_size=engine_share)
     issuer = SimulatedIssuer(engine, slow_seconds=settings.issuer_slow_seconds)
     redis = create_redis(settings)
@@ -148,6 +148,9 @@ def build_context(settings: Settings) -> AppContext:
             # SQLite has no NOTIFY: a key settled by another process (a second worker, the
             # CLI) is seen by a look once a second
             recheck_s=SQLITE_RECHECK_S if settings.is_sqlite else None,
+            # woken waiters look again through half the hot path's connections at most: a
+            # herd on one key never starves the other requests' pool (waiting.py)
+            look_slots=hot_share // 2,
         ),
         redis=redis,
     )

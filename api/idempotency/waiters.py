@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import structlog
@@ -88,10 +88,13 @@ class Waiters:
         limit: int,
         listen_dsn: dict[str, Any] | None = None,
         recheck_s: float | None = None,
+        look_slots: int = 8,
     ) -> None:
         self._waiting: dict[tuple[str, str], set[asyncio.Event]] = {}
         self._count = 0
         self.limit = limit
+        self.look_slots = max(1, look_slots)
+        self._looks = asyncio.Semaphore(self.look_slots)
         self._connect_args = listen_dsn
         self.recheck_s = recheck_s  # a look at least this often (SQLite: other processes)
         self.closing = False
@@ -121,6 +124,21 @@ class Waiters:
                 events.discard(event)
                 if not events:
                     del self._waiting[slot]
+
+    @contextlib.asynccontextmanager
+    async def look_slot(self, within: float) -> AsyncIterator[bool]:
+        """A slot for a woken waiter's look, waited for at most ``within`` seconds; yields
+        whether one was had. Bounds the looks of a herd woken at once to a share of the
+        connection pool: they queue here, not on the pool (whose timeout answers 503)."""
+        try:
+            await asyncio.wait_for(self._looks.acquire(), max(within, 0.0))
+        except TimeoutError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._looks.release()
 
     def notify(self, merchant_id: str, key: str) -> None:
         for event in self._waiting.get((merchant_id, key), ()):

@@ -19,7 +19,10 @@ lease running out, an abort's grace), and — on SQLite only — every ``Waiters
 worker shuts down (the last look is the answer), or at its limit. A look that fails while
 storage is down is retried, at most once a second, until the limit; at the limit the last
 in-flight answer stands. When this worker's waiting table is full the request is answered
-at once, as without the preference.
+at once, as without the preference. Woken waiters look again through a bounded number of
+look slots (``Waiters.look_slots``: half the worker's hot-path connections), so a herd of
+hundreds on one key queues for slots instead of for the pool, whose timeout would answer
+503 (issue 17: waiting is 503-free).
 """
 
 from __future__ import annotations
@@ -75,11 +78,15 @@ async def until_settled(
                 return outcome, True
             settled.clear()
             try:
-                again = await look()
+                async with waiters.look_slot(deadline - loop.time()) as free:
+                    if not free:  # every look slot busy until the limit: the last answer
+                        return outcome, True
+                    again = await look()
             except Exception:
                 if deadline - loop.time() <= STORAGE_RETRY_S:
                     raise  # storage down at the limit: the usual 503
                 await asyncio.sleep(STORAGE_RETRY_S)
+                settled.set()  # look again now: the settlement may have come meanwhile
                 continue
             if not in_flight(again):
                 return again, True

@@ -9,7 +9,10 @@ import uuid
 
 import pytest
 
+from api.events.writer import RequestOutcome
 from api.idempotency.waiters import Waiters, WaitersFull, listen_args, preferred_wait
+from api.transactions.outcome import IdempotencyStatus, Outcome
+from api.transactions.waiting import until_settled
 from tests.support.backend import Backend
 from tests.support.eventually import eventually_async
 
@@ -193,3 +196,85 @@ async def test_a_connection_lost_inside_atomic_keeps_the_drivers_error(
         assert storage_unavailable(caught.value), repr(caught.value)
     finally:
         await engine.dispose()
+
+
+def _answer(event: RequestOutcome, status: IdempotencyStatus) -> Outcome:
+    return Outcome(status=202, body=b"", event=event, idempotency_status=status)
+
+
+IN_FLIGHT = _answer(RequestOutcome.PROCESSING, IdempotencyStatus.IN_PROGRESS)
+SETTLED = _answer(RequestOutcome.FOUND, IdempotencyStatus.PROCESSED)
+
+
+async def test_a_look_that_failed_is_made_again_without_waiting_for_another_wake() -> None:
+    """Woken, the look fails (storage went away for a moment), and the key had settled
+    meanwhile: the waiter looks again a second later — before, it waited for a wake that
+    had already come and answered its stale in-flight look at its limit."""
+    waiters = Waiters(limit=4)
+    answers: list[Outcome | Exception] = [IN_FLIGHT, ConnectionError("storage"), SETTLED]
+
+    async def look() -> Outcome:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def wake() -> None:
+        await asyncio.sleep(0.1)
+        waiters.notify("m", "k")
+
+    started = asyncio.get_running_loop().time()
+    waking = asyncio.ensure_future(wake())
+    outcome, waited = await until_settled(waiters, "m", "k", 10.0, look)
+    await waking
+    assert (outcome, waited) == (SETTLED, True)
+    assert asyncio.get_running_loop().time() - started < 5  # not at the 10 s limit
+
+
+async def test_a_herd_looks_again_through_the_look_slots_only() -> None:
+    """Woken together, a herd's looks run at most ``look_slots`` at a time (they queue for a
+    slot, not for the connection pool), and every waiter still gets the settled answer."""
+    waiters = Waiters(limit=100, look_slots=3)
+    woken = asyncio.Event()
+    running = peak = 0
+
+    async def look() -> Outcome:
+        nonlocal running, peak
+        if not woken.is_set():
+            return IN_FLIGHT  # the requests' own first looks: not slotted
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        return SETTLED
+
+    async def wake() -> None:
+        await eventually_async(lambda: waiters.count == 30, what="30 waiting")
+        woken.set()
+        waiters.notify("m", "k")
+
+    waking = asyncio.ensure_future(wake())
+    results = await asyncio.gather(
+        *(until_settled(waiters, "m", "k", 10.0, look) for _ in range(30))
+    )
+    await waking
+    assert all(outcome == SETTLED and waited for outcome, waited in results)
+    assert peak == 3
+
+
+async def test_a_waiter_that_gets_no_look_slot_by_its_limit_answers_its_last_look() -> None:
+    waiters = Waiters(limit=4, look_slots=1)
+    async with waiters.look_slot(1.0) as held:  # another waiter's look holds the only slot
+        assert held
+
+        async def look() -> Outcome:
+            return IN_FLIGHT
+
+        async def wake() -> None:
+            await eventually_async(lambda: waiters.count == 1, what="one waiting")
+            waiters.notify("m", "k")
+
+        waking = asyncio.ensure_future(wake())
+        outcome, waited = await until_settled(waiters, "m", "k", 0.5, look)
+        await waking
+    assert (outcome, waited) == (IN_FLIGHT, True)
