@@ -76,6 +76,9 @@ def txn(
     currency: str = "BRL",
     status: str = "approved",
     type_: str = "purchase",
+    offline: bool = False,
+    captured: str | None = None,
+    override: bool = False,
 ) -> dict[str, Any]:
     created = at(moment)
     return {
@@ -90,6 +93,9 @@ def txn(
         "created_at": created,
         "processed_at": created,
         "reversed_at": None,
+        "offline": offline,
+        "captured_at": at(captured) if captured else None,
+        "duplicate_override": override,
     }
 
 

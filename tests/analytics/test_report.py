@@ -112,7 +112,55 @@ def _audit() -> AuditData:
             _link(days[1], "T-0007", "gprs", received=5, unseen=1),
             _link(days[0], "T-0009", "wifi", received=19, unseen=1),
         ],
+        # Day 1: 5 of 100 BRL and 1 of 20 USD sold offline (6 of 120: 5 %), 2 of them
+        # declined (1/3); day 2: none; day 3: no transaction at all (0 %).
+        offline_summary=[
+            _offline(days[0], "BRL", transactions=100, offline=5, declined=1),
+            _offline(days[0], "USD", transactions=20, offline=1, declined=1),
+            _offline(days[1], "BRL", transactions=50, offline=0, declined=0),
+        ],
+        offline_terminals=[
+            {
+                **_offline(days[0], "BRL", transactions=9, offline=5, declined=1),
+                "merchant_id": "mer_a",
+                "terminal_id": "T-0042",
+            },
+        ],  # fmt: skip
+        duplicate_guard=[
+            {
+                "event_date": days[0],
+                "merchant_id": "mer_a",
+                "duplicates_blocked": 3,
+                "duplicates_overridden": 1,
+            },
+            {
+                "event_date": days[0],
+                "merchant_id": "ALL",
+                "duplicates_blocked": 3,
+                "duplicates_overridden": 1,
+            },
+        ],  # fmt: skip
     )
+
+
+def _offline(
+    day: str, currency: str, *, transactions: int, offline: int, declined: int
+) -> dict[str, object]:
+    return {
+        "event_date": day,
+        "merchant_id": "ALL",
+        "currency": currency,
+        "transactions": transactions,
+        "offline_transactions": offline,
+        "offline_rate": offline / transactions,
+        "forward_delay_p50_s": 60.0 if offline else None,
+        "forward_delay_p95_s": 600.0 if offline else None,
+        "forward_delay_max_s": 3600.0 if offline else None,
+        "offline_declined": declined,
+        "offline_decline_rate": declined / offline if offline else 0.0,
+        "offline_amount_at_risk": 1250 * declined,
+        "forwarded_after_day_end": 1 if offline else 0,
+    }
 
 
 def _link(
@@ -149,7 +197,7 @@ def test_report_renders_offline_in_chromium(chromium: str, tmp_path: Path) -> No
     # the values given: 1.0 %, 2.0 %, 1.5 % for the retry rate, 50 % link loss every day.
     assert trend.group(1).count("<svg") == 4
     points = re.findall(
-        r'<circle class="point"[^>]*data-date="([\d-]+)" data-value="([\d.]+)"', dom
+        r'<circle class="point"[^>]*data-date="([\d-]+)" data-value="([\d.]+)"', trend[1]
     )
     assert len(points) == 12
     assert points[:6] == [
@@ -160,7 +208,7 @@ def test_report_renders_offline_in_chromium(chromium: str, tmp_path: Path) -> No
         ("2026-11-21", "0.500000"),
         ("2026-11-22", "0.500000"),
     ]
-    polylines = re.findall(r'<polyline class="series" points="([^"]+)"', dom)
+    polylines = re.findall(r'<polyline class="series" points="([^"]+)"', trend[1])
     assert len(polylines) == 4 and all(len(p.split()) == 3 for p in polylines)
     networks = re.search(r'<div class="charts" id="networks">(.*?)</div>', dom, flags=re.S)
     assert networks is not None
@@ -174,6 +222,27 @@ def test_report_renders_offline_in_chromium(chromium: str, tmp_path: Path) -> No
     lossiest = dom.split("Lossiest links", 1)[1].split("</table>", 1)[0]
     assert re.findall(r"<td[^>]*>(T-\d+)</td>", lossiest) == ["T-0007", "T-0009"]
     assert "25.00%" in lossiest and "5.00%" in lossiest
+    # Offline selling: the fleet's offline and offline-decline rates per day, over both
+    # currencies, 0 on a day without transactions; the top terminal; the guard's counts.
+    offline = re.search(r'<div class="charts" id="offline">(.*?)</div>', dom, flags=re.S)
+    assert offline is not None and offline[1].count("<svg") == 2
+    assert re.findall(r'data-date="([\d-]+)" data-value="([\d.]+)"', offline[1]) == [
+        ("2026-11-20", "0.050000"),
+        ("2026-11-21", "0.000000"),
+        ("2026-11-22", "0.000000"),
+        ("2026-11-20", "0.333333"),
+        ("2026-11-21", "0.000000"),
+        ("2026-11-22", "0.000000"),
+    ]
+    selling = dom.split("<h2>Offline selling</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "cannot count" in selling
+    terminals = selling.split("Terminals selling offline", 1)[1]
+    assert re.findall(r"<td[^>]*>([^<]*)</td>", terminals) == [
+        "T-0042", "BRL", "5", "1", "1,250", "1", "3,600.0"
+    ]  # fmt: skip
+    guard = re.search(r'<div id="duplicate-guard">(.*?)</div>', dom, flags=re.S)
+    assert guard is not None
+    assert re.findall(r"<td[^>]*>(\d+)</td>", guard[1]) == ["3", "1"]
     banner = re.search(r'<div class="banner bad" id="exactly-once">(.*?)</div>', dom, re.S)
     assert banner is not None
     assert "2 exactly-once violations" in banner.group(1)
