@@ -10,6 +10,7 @@ and is retried like a lost answer.
 |----------|----------------------------------|------------------------------------------|
 | create   | 201                              | Finish                                   |
 | create   | 202 / 408 / 409 / 5xx / lost     | Retry → lookup (in doubt)                |
+| create   | 409 suspected_duplicate          | Reject (the protocol fences the key)     |
 | create   | not sent (connect error)         | Retry → create                           |
 | create   | 429                              | Retry → create after Retry-After         |
 | create   | 410                              | Fence                                    |
@@ -155,6 +156,10 @@ def _finish_or(reply: HttpReply, fallback: Action, expect: Expected | None) -> A
     return Finish(transaction, reply.body)
 
 
+def _problem_code(body: object) -> object:
+    return body.get("code") if isinstance(body, Mapping) else None
+
+
 def _body_status(body: object) -> object:
     return body.get("status") if isinstance(body, Mapping) else None
 
@@ -193,6 +198,9 @@ def next_action(
 def _after_create(reply: HttpReply, wait: float | None, expect: Expected | None) -> Action:
     status = reply.status
     in_doubt = Retry(Phase.LOOKUP, wait, True)
+    if status == 409 and _problem_code(reply.body) == "suspected_duplicate":
+        # The duplicate guard refused this attempt: not the key in flight (409's other code).
+        return Reject(error_from_response(status, reply.headers, reply.body))
     if status in (202, 408, 409) or status >= 500:
         return in_doubt
     if 200 <= status < 300:

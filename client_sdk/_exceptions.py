@@ -13,6 +13,7 @@ IdempayError
 │   ├── NotFoundError                   404 not_found
 │   ├── RequestTimeoutError             408 request_timeout
 │   ├── RequestInProgressError          409 request_in_progress
+│   ├── DuplicateGuardError             409 suspected_duplicate (a payment: SuspectedDuplicateError)
 │   ├── TransactionAbortedError         410 transaction_aborted
 │   ├── RequestExpiredError             410 request_expired
 │   ├── PayloadTooLargeError            413 payload_too_large
@@ -27,7 +28,8 @@ IdempayError
 │       └── ServiceUnavailableError     503 service_unavailable
 ├── APIConnectionError                  no answer (network failure) after the allowed retries
 ├── PaymentAbortedError                 the payment is fenced: definitive, never charged
-│   └── OfflineLimitError               not accepted offline: a limit of the OfflinePolicy
+│   ├── OfflineLimitError               not accepted offline: a limit of the OfflinePolicy
+│   └── SuspectedDuplicateError         refused by the duplicate guard (``duplicate_of``), fenced
 ├── PaymentInDoubtError                 no definitive answer recorded (``result`` if one arrived)
 ├── StoredPaymentError                  the key is a payment sold offline: never aborted
 │   └── StoredPaymentOverdueError       stored longer than max_age_s, still not forwarded
@@ -58,6 +60,7 @@ __all__ = [
     "APIError",
     "AdviceTooOldError",
     "ClockSkewError",
+    "DuplicateGuardError",
     "ERRORS_BY_CODE",
     "IdempayError",
     "IdempotencyKeyInvalid",
@@ -94,6 +97,7 @@ __all__ = [
     "ServiceUnavailableError",
     "StoredPaymentError",
     "StoredPaymentOverdueError",
+    "SuspectedDuplicateError",
     "TransactionAborted",
     "TransactionAbortedError",
     "Unauthorized",
@@ -168,6 +172,20 @@ class RequestTimeoutError(APIError):
 
 class RequestInProgressError(APIError):
     """The key is being processed right now; retry after Retry-After."""
+
+
+class DuplicateGuardError(APIError):
+    """The merchant's duplicate guard refused a create (409 ``suspected_duplicate``): an
+    approved purchase of the same card, amount and terminal under another key within the
+    window (``duplicate_of``: its id, or None when the answer did not say); nothing was
+    stored under the key. A payment does not report it as such: it fences the key first and
+    raises ``SuspectedDuplicateError`` (with this error as its ``__cause__``)."""
+
+    @property
+    def duplicate_of(self) -> str | None:
+        """The id of the earlier approved purchase, from the problem's ``duplicate_of``."""
+        found = self.body.get("duplicate_of") if isinstance(self.body, Mapping) else None
+        return found if isinstance(found, str) else None
 
 
 class TransactionAbortedError(APIError):
@@ -261,6 +279,35 @@ class OfflineLimitError(PaymentAbortedError):
         self.limit = limit
 
 
+class SuspectedDuplicateError(PaymentAbortedError):
+    """The merchant's duplicate guard refused the payment as a likely repeat of the approved
+    transaction ``duplicate_of`` (409 ``suspected_duplicate``), and the SDK fenced ``key``:
+    definitive, never charged — a late copy of an earlier attempt is refused from now on.
+    ``code`` is ``"suspected_duplicate"``, ``status`` 409. If the cashier confirms it is a
+    new sale, call ``purchase(..., allow_duplicate=True)``: a new payment under a new key.
+    A ``PaymentAbortedError``, so ``except PaymentAbortedError`` still catches it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        duplicate_of: str | None,
+        request_id: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        super().__init__(
+            message,
+            key=key,
+            reason="aborted",
+            code="suspected_duplicate",
+            status=409,
+            request_id=request_id,
+            detail=detail,
+        )
+        self.duplicate_of = duplicate_of
+
+
 class StoredPaymentError(IdempayError):
     """``key`` is a payment the terminal accepted offline (journal state STORED): the
     customer has the goods, so the SDK never aborts it; it is forwarded instead."""
@@ -312,6 +359,7 @@ _BY_CODE: dict[str, type[APIError]] = {
     "not_found": NotFoundError,
     "request_timeout": RequestTimeoutError,
     "request_in_progress": RequestInProgressError,
+    "suspected_duplicate": DuplicateGuardError,
     "transaction_aborted": TransactionAbortedError,
     "request_expired": RequestExpiredError,
     "payload_too_large": PayloadTooLargeError,

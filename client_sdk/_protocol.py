@@ -40,7 +40,7 @@ from ._journal import JournalEntry
 from ._models import JournalState, Recovered, Transaction
 from ._settle import fence, fenced, finish, rejected
 
-__all__ = ["Context", "drive", "pay", "recover", "recover_entry"]
+__all__ = ["FENCED_REFUSALS", "Context", "drive", "pay", "recover", "recover_entry"]
 
 
 def pay(
@@ -124,6 +124,18 @@ def recover_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | No
     return Recovered(key, JournalState.RESOLVED, transaction, None)
 
 
+FENCED_REFUSALS = frozenset({"clock_skew", "suspected_duplicate"})
+"""Refusals of a create that nothing was stored for, yet not the end of the key: a copy of
+an attempt could still be processed later, so the SDK fences the key (abort) before it
+reports — the abort's answer decides (processed: that result; fenced: the refusal).
+
+- ``clock_skew``: the key's time is ahead of the server's clock; a copy of this very attempt
+  (a proxy's retry) would be accepted once the server's clock catches up (model check X2).
+- ``suspected_duplicate``: the merchant's duplicate guard refused it; a late copy of an
+  earlier attempt of this key would be processed once the earlier transaction has left the
+  guard's window. Fenced, it ends ``SuspectedDuplicateError`` (contract §4.13).
+"""
+
 LOOKUP_WAIT_S = 8  # Prefer: wait on in-doubt lookups (contract §2.8), at most this long
 LOOKUP_WAIT_MARGIN_S = 2  # and this much inside the request's own timeout
 
@@ -163,10 +175,7 @@ def drive(run: Run, *, start: Phase, free_pass: bool = False) -> Steps[Transacti
             return (yield from finish(run, action))
         if isinstance(action, Fence):
             yield from fenced(run, action)
-        if isinstance(action, Reject) and action.error.code == "clock_skew":
-            # Refused because the key's time is ahead of the server's clock — but a copy of
-            # this very attempt (a proxy's retry) would be accepted once the server's clock
-            # catches up: fence the key rather than trust the 422 (model check X2).
+        if isinstance(action, Reject) and action.error.code in FENCED_REFUSALS:
             run.rejection = action.error
             return (yield from fence(run, cause=action.error))
         if isinstance(action, Reject):

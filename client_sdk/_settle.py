@@ -10,9 +10,11 @@ from ._context import FIRST_ABORT_S, Run, send
 from ._effects import Steps
 from ._exceptions import (
     APIError,
+    DuplicateGuardError,
     IdempayError,
     PaymentAbortedError,
     PaymentInDoubtError,
+    SuspectedDuplicateError,
     error_from_response,
 )
 from ._journal import JournalEntry
@@ -100,12 +102,22 @@ def _reverse(run: Run, approval: Finish) -> Steps[Transaction]:
 
 
 def fenced(run: Run, action: Fence) -> Steps[NoReturn]:
-    yield from run.record(
-        JournalState.ABORTED,
-        outcome={"kind": "fenced", "reason": action.reason, "code": action.code},
-        result=Fenced(id=run.key, status=action.reason),
-    )
     rejection = run.rejection
+    outcome: dict[str, Any] = {"kind": "fenced", "reason": action.reason, "code": action.code}
+    if isinstance(rejection, DuplicateGuardError):
+        outcome.update(code=rejection.code, duplicate_of=rejection.duplicate_of)
+    yield from run.record(
+        JournalState.ABORTED, outcome=outcome, result=Fenced(id=run.key, status=action.reason)
+    )
+    if isinstance(rejection, DuplicateGuardError):
+        raise SuspectedDuplicateError(
+            f"payment {run.key} was refused as a suspected duplicate of "
+            f"{rejection.duplicate_of} and its key fenced: never charged",
+            key=run.key,
+            duplicate_of=rejection.duplicate_of,
+            request_id=rejection.request_id,
+            detail=rejection.detail,
+        ) from rejection
     error = PaymentAbortedError(
         f"payment {run.key} was {action.reason}: never charged"
         + (f" (a later attempt was rejected: {rejection})" if rejection else ""),
@@ -131,6 +143,12 @@ def settled_outcome(entry: JournalEntry) -> Transaction:
     if entry.state is JournalState.RESOLVED and kind == "transaction":
         return Transaction.from_json(outcome.get("body"))
     fenced_report = entry.state is JournalState.REPORTED and kind == "fenced"
+    if entry.state is JournalState.ABORTED and outcome.get("code") == "suspected_duplicate":
+        raise SuspectedDuplicateError(
+            f"payment {entry.key} was settled by another driver: a suspected duplicate",
+            key=entry.key,
+            duplicate_of=outcome.get("duplicate_of"),
+        )
     if entry.state is JournalState.ABORTED or fenced_report:
         reason = outcome.get("reason") if kind == "fenced" else "not_sent"
         raise PaymentAbortedError(

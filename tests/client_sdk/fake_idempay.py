@@ -45,6 +45,7 @@ class KeyRecord:
     fingerprint: str
     transaction: dict[str, Any] | None = None
     polls_left: int = 0
+    token: str = ""  # the card token the key was created with (the guard's fingerprint)
 
 
 @dataclass
@@ -57,6 +58,7 @@ class FakeIdempay:
     wire: list[Seen] = field(default_factory=list)  # what the client sent, lost or not
     processed: Counter[str] = field(default_factory=Counter)
     faults: dict[str, deque[str]] = field(default_factory=dict)
+    guard: bool = False  # the merchant's duplicate guard (contract §2.2): on, without a window
 
     def inject(self, endpoint: str, *modes: str) -> None:
         assert all(mode in FAULTS for mode in modes), modes
@@ -136,7 +138,8 @@ class FakeIdempay:
         key = request.headers.get("idempotency-key")
         if key is None:
             return _problem(400, "idempotency_key_missing")
-        fingerprint = json.dumps(body, sort_keys=True)
+        # allow_duplicate is the cashier's instruction, not the payment: not fingerprinted
+        fingerprint = json.dumps({**body, "allow_duplicate": None}, sort_keys=True)
         record = self.keys.get(key)
         if record is not None:
             if record.state in ("aborted", "expired"):
@@ -154,12 +157,36 @@ class FakeIdempay:
             )
         if body.get("card", {}).get("token", "").isdigit():
             return _problem(422, "pan_not_allowed")
+        suspect = self._suspect(body) if self.guard else None
+        if suspect is not None:  # refused: nothing stored under the key
+            return _problem(409, "suspected_duplicate", duplicate_of=suspect)
         record = KeyRecord("processing", fingerprint, _transaction(key, body))
+        record.token = body["card"]["token"]
         self.keys[key] = record
         if self.pending_polls:
             record.polls_left = self.pending_polls
             return _json(202, {"id": key, "status": "processing"}, {"Retry-After": "1"})
         return _json(201, self._complete(key, record), {"Idempotency-Status": "created"})
+
+    def _suspect(self, body: dict[str, Any]) -> str | None:
+        """An approved purchase of the same terminal, card, amount and currency under another
+        key (the fake's window never ends), unless the body says ``allow_duplicate``."""
+        if body.get("type") != "purchase" or body.get("entry_mode") == "offline":
+            return None
+        if body.get("allow_duplicate") is True:
+            return None
+        same = ("terminal_id", "amount", "currency")
+        for key, record in self.keys.items():
+            earlier = record.transaction
+            if record.state != "processed" or earlier is None:
+                continue
+            if earlier["status"] != "approved" or earlier["type"] != "purchase":
+                continue
+            if all(earlier[name] == body[name] for name in same) and (
+                record.token == body["card"]["token"]
+            ):
+                return key
+        return None
 
     def _list(self, request: httpx.Request) -> httpx.Response:
         """GET /v1/transactions: processed transactions of a terminal, 2 per page."""
@@ -257,7 +284,12 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> http
 
 
 def _problem(
-    status: int, code: str, *, retry_after: str | None = None, status_header: str | None = None
+    status: int,
+    code: str,
+    *,
+    retry_after: str | None = None,
+    status_header: str | None = None,
+    duplicate_of: str | None = None,
 ) -> httpx.Response:
     headers = {"Content-Type": "application/problem+json"}
     if retry_after is not None:
@@ -265,6 +297,8 @@ def _problem(
     if status_header is not None:
         headers["Idempotency-Status"] = status_header
     body = {"type": "about:blank", "title": code, "status": status, "detail": code, "code": code}
+    if duplicate_of is not None:
+        body["duplicate_of"] = duplicate_of
     return _json(status, body, headers)
 
 

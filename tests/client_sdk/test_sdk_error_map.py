@@ -15,7 +15,7 @@ import json
 import pytest
 
 from api.errors import TITLES, problem_body
-from client_sdk import APIError, ServerError
+from client_sdk import APIError, DuplicateGuardError, RequestInProgressError, ServerError
 from client_sdk._exceptions import ERRORS_BY_CODE, error_from_response
 
 # code → (status the server sends it with, the class the SDK raises, why not a specific one)
@@ -96,3 +96,15 @@ def test_a_generic_code_as_the_server_renders_it_falls_back_and_keeps_its_code(c
     error = _as_rendered(status, code)
     assert type(error) is error_type
     assert (error.code, error.status, error.request_id) == (code, status, "req_1")
+
+
+def test_the_duplicate_guards_refusal_as_the_server_renders_it_names_the_earlier_payment() -> None:
+    # 409 is also request_in_progress (a key in flight): the code, not the status, decides
+    # that the SDK fences the key and raises SuspectedDuplicateError (contract §4.13).
+    earlier = "01a1ee56-5e00-7d97-86ac-d904da6cff77"
+    rendered = problem_body(409, "suspected_duplicate", "seen", {"duplicate_of": earlier})
+    error = error_from_response(409, {}, json.loads(rendered))
+    assert type(error) is DuplicateGuardError
+    assert (error.code, error.duplicate_of) == ("suspected_duplicate", earlier)
+    busy = json.loads(problem_body(409, "request_in_progress", "busy"))
+    assert type(error_from_response(409, {}, busy)) is RequestInProgressError
