@@ -32,6 +32,7 @@ from api.transactions.issuer import SimulatedIssuer
 from api.transactions.schemas import TransactionCreate
 
 if TYPE_CHECKING:
+    from api.transactions.guard import DuplicateOf, Guard
     from api.transactions.service import TransactionService
 
 
@@ -99,10 +100,16 @@ KEY_WIDTH = len(KEY_COLUMNS.split(","))
 
 
 class InlineWriter(Protocol):
-    async def create(self, rows: InlineCreate) -> KeyRecord | bool:
+    async def create(
+        self, rows: InlineCreate, guard: Guard | None = None
+    ) -> KeyRecord | bool | DuplicateOf:
         """True: written, durable. A ``KeyRecord``: nothing written, the key exists — this
         is its row. False: nothing written, nothing known (a duplicate that committed just
-        now, or a write the general path must make): the caller reads the key and decides."""
+        now, or a write the general path must make): the caller reads the key and decides.
+        With the merchant's duplicate guard (``guard``, api/transactions/guard.py) checked in
+        the same write: ``DuplicateOf`` — nothing written, the key is new and the guard found
+        the transaction it would duplicate (never when ``guard.allow``: then it is written,
+        with ``duplicate_override`` set when a suspect was found)."""
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
         """The key row, read without taking any write lock."""

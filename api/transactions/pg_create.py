@@ -36,6 +36,7 @@ import asyncpg
 from api.db import DriverPool, utcnow
 from api.idempotency.store import KeyRecord
 from api.storage_errors import storage_unavailable
+from api.transactions.guard import DuplicateOf, Guard
 from api.transactions.inline import (
     KEY_WIDTH,
     READ_KEY_AND_TRANSACTION,
@@ -73,6 +74,48 @@ WITH k AS (
 SELECT (SELECT count(*) FROM k), r.merchant_id, r.key, r.state, r.fingerprint, r.lease_token,
   r.lease_until, r.request, r.response_status, r.response_body, r.terminal_id, r.created_at,
   r.deadline_at
+FROM (SELECT 1) AS one
+LEFT JOIN idempotency_key AS r ON r.merchant_id = $1 AND r.key = $2
+"""
+
+# The same create for a merchant whose duplicate guard is on (api/transactions/guard.py),
+# still one statement: ``g`` runs the guard's check first — ``idempay_duplicate_of``
+# (migration 0010) takes the guard's advisory lock, then probes with a fresh snapshot, so a
+# racing create of the same sale is committed and seen, or waits for us — and ``k`` inserts
+# the key only when the check found nothing or the cashier allowed it ($32); ``t`` records
+# the override; the last column is the suspect's id. A key that exists still answers from
+# ``r`` (a replay is never refused). $29/$30: the window's bounds; $31: the lock.
+CREATE_GUARDED = """
+WITH g AS (
+  SELECT idempay_duplicate_of($1, $4, $16, $11, $12, $29, $30, $2, $31) AS id
+), k AS (
+  INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token,
+    terminal_id, response_status, response_body, created_at, updated_at)
+  SELECT $1, $2, 'completed', $3, 1, $4, 201, $5, $6, $6 FROM g WHERE g.id IS NULL OR $32
+  ON CONFLICT DO NOTHING RETURNING key
+), i AS (
+  INSERT INTO issuer_authorization (merchant_id, issuer_key, result, decline_reason,
+    authorization_code, amount, currency, calls, created_at)
+  SELECT $1, $7, $8, $9, $10, $11, $12, 1, $24 FROM k
+), t AS (
+  INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,
+    card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,
+    captured_at, created_at, processed_at, metadata, offline, duplicate_override)
+  SELECT $1, $2, $4, $13, $11, $12, $14, $15, $16, $17, $8, $9, $10, $18, $6, $19, $20, $28,
+    g.id IS NOT NULL
+  FROM k CROSS JOIN g
+  RETURNING id
+), l AS (
+  INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,
+    created_at)
+  SELECT $21, $1, t.id, $22, $12, $23, $19 FROM t WHERE $21::varchar IS NOT NULL
+), o AS (
+  INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at)
+  SELECT $25, $1, $26, t.id, $27, $19 FROM t
+)
+SELECT (SELECT count(*) FROM k), r.merchant_id, r.key, r.state, r.fingerprint, r.lease_token,
+  r.lease_until, r.request, r.response_status, r.response_body, r.terminal_id, r.created_at,
+  r.deadline_at, (SELECT id FROM g)
 FROM (SELECT 1) AS one
 LEFT JOIN idempotency_key AS r ON r.merchant_id = $1 AND r.key = $2
 """
@@ -126,32 +169,42 @@ class PgInline:
         pool.release(conn)  # autocommit left no transaction to roll back
         return result
 
-    async def create(self, rows: InlineCreate) -> KeyRecord | bool:
+    async def create(
+        self, rows: InlineCreate, guard: Guard | None = None
+    ) -> KeyRecord | bool | DuplicateOf:
         citus = self.citus
         if citus is None:
             citus = await self.detect_citus()
         if citus:
             return False  # nothing written: the general path answers (one shard per statement)
         txn, ledger, event = rows.txn, rows.ledger or {}, rows.event
+        args: tuple[Any, ...]
+        statement, args = CREATE, (
+            txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id, rows.response_body,
+            txn.created_at, rows.issuer_key, txn.status, txn.decline_reason,
+            txn.authorization_code, txn.amount, txn.currency, txn.type, txn.card_last4,
+            txn.card_brand, txn.card_fingerprint, txn.installments, txn.captured_at,
+            txn.processed_at, txn.metadata_json, ledger.get("entry_id"),
+            ledger.get("amount"), ledger.get("kind"), utcnow(), event["event_id"],
+            event["type"], event["payload"], txn.offline,
+        )  # fmt: skip
+        if guard is not None:  # the duplicate guard's check, inside the same statement
+            since, until = guard.bounds(txn.created_at)
+            statement, args = CREATE_GUARDED, (*args, since, until, guard.lock, guard.allow)
         try:
-            row = await self._call(
-                "fetchrow",
-                CREATE,
-                txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id, rows.response_body,
-                txn.created_at, rows.issuer_key, txn.status, txn.decline_reason,
-                txn.authorization_code, txn.amount, txn.currency, txn.type, txn.card_last4,
-                txn.card_brand, txn.card_fingerprint, txn.installments, txn.captured_at,
-                txn.processed_at, txn.metadata_json, ledger.get("entry_id"),
-                ledger.get("amount"), ledger.get("kind"), utcnow(), event["event_id"],
-                event["type"], event["payload"], txn.offline,
-            )  # fmt: skip
+            row = await self._call("fetchrow", statement, *args)
         except asyncpg.UniqueViolationError:
             # Not the key (its conflict writes nothing): an issuer record left by a purged
             # tombstone's void. The general path answers from the simulator's record.
             return False
         if row[0]:
             return True
-        return KeyRecord(*row[1:]) if row[1] is not None else False
+        if guard is None:
+            return KeyRecord(*row[1:]) if row[1] is not None else False
+        if row[1] is not None:  # the key exists: its own answer, never the guard's
+            return KeyRecord(*row[1:-1])
+        suspect = row[-1]
+        return DuplicateOf(suspect) if suspect is not None and not guard.allow else False
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
         row = await self._call("fetchrow", READ_KEY, merchant_id, key)

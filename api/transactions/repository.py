@@ -56,6 +56,7 @@ class NewTransaction:
     processed_at: datetime
     metadata_json: str | None
     offline: bool = False  # an offline advice (contract §2.2)
+    duplicate_override: bool = False  # the guard found a suspect; the cashier confirmed
 
 
 def iso(moment: datetime | None) -> str | None:

@@ -172,16 +172,18 @@ async def handle_create(request: Request) -> Response:
 
     async def work() -> Outcome:
         ctx = call.ctx
-        call.merchant_id, key_hash = await ctx.auth.authenticate(request)
+        principal, key_hash = await ctx.auth.principal(request)
+        call.merchant_id = principal.merchant_id
         await ctx.limiter.check(key_hash)
         call.key = parse_key(request.headers.get("idempotency-key"))
         body = decode(await read_body(request))
         await ctx.limiter.check(key_hash, body.terminal_id)
         digest = body_fingerprint(body)
         merchant_id, key = call.merchant_id, call.key
+        guard_s = principal.duplicate_guard_s  # loaded with the API key: no round trip
 
         async def again() -> Outcome:
-            return await ctx.service.create(merchant_id, key, body, digest)
+            return await ctx.service.create(merchant_id, key, body, digest, guard_s=guard_s)
 
         return await call.settled(again)
 

@@ -40,6 +40,7 @@ from api.metrics import IN_FLIGHT, LATE_VOID_FAILURES
 from api.outbox import writer as outbox
 from api.transactions import inline as one_write
 from api.transactions import recovery, repository
+from api.transactions.guard import DuplicateOf, Guard, blocked, find_suspect, lock_key
 from api.transactions.issuer import (
     Authorization,
     AuthorizationRequest,
@@ -148,11 +149,19 @@ class TransactionService:
 
     # ------------------------------------------------------------------ create
     async def create(
-        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        *,
+        guard_s: int | None = None,
     ) -> Outcome:
         """Claim → authorize → commit. A committed answer in Redis first; then the common
         case, an inline token in ONE write (api/transactions/inline.py); then the general
-        path, phase by phase (``_create_in_phases``)."""
+        path, phase by phase (``_create_in_phases``). ``guard_s``: the merchant's duplicate
+        guard window (api/transactions/guard.py), None when its guard is off — then nothing
+        of the guard runs."""
         await self.refresh_epoch()
         cached, busy = await self.cache.before_create(merchant_id, key)
         if cached is not None:  # a committed answer: replay it, or refuse a different body
@@ -161,14 +170,62 @@ class TransactionService:
             )
         if busy == fingerprint:
             return self._in_progress(body.terminal_id)
+        guard = None
+        if guard_s is not None or body.allow_duplicate:
+            guard, body = self._guard(merchant_id, body, guard_s)
         if self._fits_one_write(body, key, start := utcnow()):
-            written = await self._create_in_one_write(merchant_id, key, body, fingerprint, start)
+            written = await self._create_in_one_write(
+                merchant_id, key, body, fingerprint, start, guard
+            )
             if written is not None:
                 return written
-        return await self._create_in_phases(merchant_id, key, body, fingerprint)
+        return await self._create_in_phases(merchant_id, key, body, fingerprint, guard)
+
+    def _guard(
+        self, merchant_id: str, body: TransactionCreate, guard_s: int | None
+    ) -> tuple[Guard | None, TransactionCreate]:
+        """The guard's check for this create — None when the guard is off, or for a create
+        it never judges (a refund, an offline advice) — and the body with ``allow_duplicate``
+        cleared: from here on the field means "the guard found a suspect and the cashier
+        overrode it", set only where the check found one (``_overridden``); it becomes the
+        transaction's ``duplicate_override`` and is kept in the claimed key's stored request
+        (``TransactionCreate.stored_request``), so the completer records it too."""
+        allow = body.allow_duplicate
+        if allow:
+            body = body.model_copy(update={"allow_duplicate": False})
+        if guard_s is None or body.type != "purchase" or body.is_advice:
+            return None, body
+        card = self.card_fingerprint(body.card.token)
+        lock = lock_key(merchant_id, body.terminal_id, card, body.amount, body.currency)
+        return Guard(window_s=guard_s, allow=allow, card_fingerprint=card, lock=lock), body
+
+    async def _suspect(
+        self,
+        conn: AsyncConnection,
+        guard: Guard,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        now: datetime,
+    ) -> str | None:
+        return await find_suspect(
+            conn,
+            guard,
+            merchant_id=merchant_id,
+            key=key,
+            terminal_id=body.terminal_id,
+            amount=body.amount,
+            currency=body.currency,
+            created_at=now,
+        )
 
     async def _create_in_phases(
-        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        guard: Guard | None = None,
     ) -> Outcome:
         """The general path: an existing key answers from its row; a new one is judged
         (clock skew, age), then claimed and driven — in one transaction when the issuer
@@ -184,9 +241,9 @@ class TransactionService:
                 return _advice_too_old(body.terminal_id)
             return await self._fence_expired(merchant_id, key, body, fingerprint, now)
         if self.issuer.answers_inline(body.card.token):
-            outcome = await self._process_inline(merchant_id, key, body, fingerprint, now)
+            outcome = await self._process_inline(merchant_id, key, body, fingerprint, now, guard)
         else:
-            outcome = await self._claim_and_drive(merchant_id, key, body, fingerprint, now)
+            outcome = await self._claim_and_drive(merchant_id, key, body, fingerprint, now, guard)
         if outcome is None:  # a concurrent request won the key between our read and insert
             return await self.existing(await self.must_read(merchant_id, key), fingerprint)
         return outcome
@@ -198,14 +255,26 @@ class TransactionService:
         return self._clock_skew(body, key, now) is None and not self._too_late(body, key, now)
 
     async def _create_in_one_write(
-        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str, now: datetime
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        now: datetime,
+        guard: Guard | None = None,
     ) -> Outcome | None:
         """Phases 1–3 as one write (api/transactions/inline.py). The key existed: the answer
         from its row. None when nothing was written and the row is not known yet: the general
-        path reads it and answers from it."""
+        path reads it and answers from it. With the guard on, its check is in the same write:
+        a new key it refuses wrote nothing (409 ``suspected_duplicate``)."""
         assert self.inline is not None
         rows = one_write.build(self, merchant_id, key, body, fingerprint, now)
-        written = await self.inline.create(rows)
+        if guard is None:
+            written = await self.inline.create(rows)
+        else:
+            written = await self.inline.create(rows, guard)
+            if isinstance(written, DuplicateOf):
+                return blocked(written.id, body.terminal_id)
         if isinstance(written, KeyRecord):  # the key exists: replay, 409, 410 or 422
             return await self.existing(written, fingerprint)
         if not written:
@@ -302,36 +371,69 @@ class TransactionService:
         )
 
     async def _claim_and_drive(
-        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str, now: datetime
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        now: datetime,
+        guard: Guard | None = None,
     ) -> Outcome | None:
         """Phase 1 in its own transaction (the key as ``processing``, lease token 1), then
-        phases 2–3 (``drive``). None when the key existed: nothing was claimed."""
+        phases 2–3 (``drive``). None when the key existed: nothing was claimed. With the
+        guard on, its check is in the claim's transaction, before the issuer call: a new key
+        it refuses is not claimed (the claim rolls back) and the issuer is never asked."""
+        suspect = None
         async with atomic(self.engine) as conn:
+            if guard is not None:
+                suspect = await self._suspect(conn, guard, merchant_id, key, body, now)
+                if suspect is not None and guard.allow:
+                    body = _overridden(body)
             claimed = await store.claim(
                 conn,
                 merchant_id=merchant_id,
                 key=key,
                 fingerprint=fingerprint,
-                request=body.model_dump_json(),
+                request=body.stored_request(),
                 terminal_id=body.terminal_id,
                 now=now,
                 lease_s=self.settings.lease_seconds,
                 deadline_s=self.settings.issuer_deadline,
             )
+            refused = claimed and suspect is not None and not body.allow_duplicate
+            if refused:
+                await conn.rollback()  # the claim is undone: nothing stored under the key
         if not claimed:
             return None
+        if refused and suspect is not None:
+            return blocked(suspect, body.terminal_id)
         await self.cache.mark_busy(merchant_id, key, fingerprint)
         return await self.drive(
             merchant_id, key, body, token=1, created_at=now, event=RequestOutcome.CREATED
         )
 
     async def _process_inline(
-        self, merchant_id: str, key: str, body: TransactionCreate, fingerprint: str, now: datetime
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        now: datetime,
+        guard: Guard | None = None,
     ) -> Outcome | None:
         """Phases 1–3 in one transaction: the issuer enlists, the key is inserted already
         completed. None when the key existed: everything (issuer record included) is
-        rolled back."""
+        rolled back. With the guard on, its check comes first, in the same transaction:
+        a new key it refuses is rolled back before the issuer is asked."""
         async with atomic(self.engine) as conn:
+            if guard is not None:
+                suspect = await self._suspect(conn, guard, merchant_id, key, body, now)
+                if suspect is not None and not guard.allow:
+                    known = await store.get(conn, merchant_id, key) is not None
+                    await conn.rollback()  # atomic() then has nothing left to commit
+                    return None if known else blocked(suspect, body.terminal_id)
+                if suspect is not None:
+                    body = _overridden(body)
             auth = await self.issuer.authorize(self.auth_request(merchant_id, key, body), conn=conn)
             txn = self.new_transaction(merchant_id, key, body, auth, created_at=now)
             text = repository.render(txn)
@@ -402,6 +504,7 @@ class TransactionService:
             created_at=created_at,
             processed_at=utcnow(),
             offline=body.is_advice,
+            duplicate_override=body.allow_duplicate,  # set by the guard only (``_guard``)
             metadata_json=(
                 json.dumps(body.metadata, separators=(",", ":")) if body.metadata else None
             ),
@@ -612,6 +715,11 @@ def _advice_too_old(terminal_id: str) -> Outcome:
         idempotency_status=IdempotencyStatus.NOT_FOUND,
         terminal_id=terminal_id,
     )
+
+
+def _overridden(body: TransactionCreate) -> TransactionCreate:
+    """The guard found a suspect and the cashier confirmed: the transaction records it."""
+    return body.model_copy(update={"allow_duplicate": True})
 
 
 def _created(body: bytes, event: RequestOutcome, terminal_id: str | None) -> Outcome:

@@ -22,11 +22,13 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from api.idempotency.store import KeyRecord
+from api.transactions.guard import DuplicateOf, Guard
 from api.transactions.inline import (
     KEY_WIDTH,
     READ_KEY_AND_TRANSACTION,
@@ -69,8 +71,27 @@ _READ_TRANSACTION = (
     f'SELECT {TRANSACTION_COLUMNS} FROM "transaction" WHERE merchant_id = ? AND id = ?'
 )
 _READ_WITH_TRANSACTION = READ_KEY_AND_TRANSACTION.format(merchant="?", key="?")
+# The duplicate guard's check (api/transactions/guard.py): one probe of
+# ix_transaction_duplicate_guard, run by the writer inside the create's savepoint, so creates
+# racing for the same sale are judged one after the other (one writer, one write lock).
+_SUSPECT = (
+    'SELECT id FROM "transaction" WHERE merchant_id = ? AND terminal_id = ?'
+    " AND card_fingerprint = ? AND amount = ? AND created_at >= ? AND created_at <= ?"
+    " AND currency = ? AND type = 'purchase' AND status = 'approved' AND id <> ?"
+    " ORDER BY created_at DESC, id LIMIT 1"
+)
+_OVERRIDE = 'UPDATE "transaction" SET duplicate_override = 1 WHERE merchant_id = ? AND id = ?'
 _STOP = object()
 Statements = list[tuple[str, tuple[Any, ...]]]
+
+
+@dataclass(frozen=True, slots=True)
+class GuardedWork:
+    """A create of a merchant whose duplicate guard is on: its statements and the check."""
+
+    statements: Statements
+    probe: tuple[Any, ...]  # _SUSPECT's parameters
+    allow: bool  # the cashier confirmed: write it anyway (as an override)
 
 
 def stored(moment: datetime | None) -> str | None:
@@ -123,17 +144,32 @@ def connect(path: str, *, read_only: bool = False) -> sqlite3.Connection:
     return db
 
 
-def _apply(db: sqlite3.Connection, work: Statements) -> Any:
+def _apply(db: sqlite3.Connection, work: Statements | GuardedWork) -> Any:
     """One create inside its own savepoint: True written; else the existing key row (read
-    under the write lock, so it is the latest commit); or the error that undid it."""
+    under the write lock, so it is the latest commit); or the error that undid it. With the
+    guard: after the key insert decided the key is new, the check — a suspect and no
+    override undoes the savepoint and answers ``DuplicateOf``."""
+    guard = None
+    if isinstance(work, GuardedWork):
+        guard, work = work, work.statements
     db.execute("SAVEPOINT one_create")
     try:
         (key_sql, key_params), *rest = work
         if db.execute(key_sql, key_params).rowcount != 1:
             db.execute("RELEASE one_create")
             return db.execute(_READ_KEY, key_params[:2]).fetchone()
+        suspect = None
+        if guard is not None:
+            found = db.execute(_SUSPECT, guard.probe).fetchone()
+            suspect = None if found is None else str(found[0])
+            if suspect is not None and not guard.allow:
+                db.execute("ROLLBACK TO one_create")
+                db.execute("RELEASE one_create")
+                return DuplicateOf(suspect)
         for sql, params in rest:
             db.execute(sql, params)
+        if suspect is not None:
+            db.execute(_OVERRIDE, key_params[:2])
     except sqlite3.Error as exc:
         db.execute("ROLLBACK TO one_create")
         db.execute("RELEASE one_create")
@@ -219,7 +255,7 @@ def _resolve(answers: list[tuple[Any, Any]]) -> None:
             future.set_result(result)
 
 
-def _write_batch(db: sqlite3.Connection, jobs: list[Statements]) -> list[Any]:
+def _write_batch(db: sqlite3.Connection, jobs: list[Statements | GuardedWork]) -> list[Any]:
     db.execute("BEGIN IMMEDIATE")
     try:
         results = [_apply(db, work) for work in jobs]
@@ -243,13 +279,25 @@ class SqliteInline:
             "idempay-sqlite-reader", lambda: connect(path, read_only=True), _read_batch
         )
 
-    async def create(self, rows: InlineCreate) -> KeyRecord | bool:
+    async def create(
+        self, rows: InlineCreate, guard: Guard | None = None
+    ) -> KeyRecord | bool | DuplicateOf:
+        plain = statements(rows)
+        work: Statements | GuardedWork = plain
+        if guard is not None:  # the duplicate guard's check, in the same write
+            txn = rows.txn
+            since, until = guard.bounds(txn.created_at)
+            probe = (txn.merchant_id, txn.terminal_id, guard.card_fingerprint, txn.amount,
+                     stored(since), stored(until), txn.currency, txn.id)  # fmt: skip
+            work = GuardedWork(plain, probe, guard.allow)
         try:
-            result = await self.writer.submit(statements(rows))
+            result = await self.writer.submit(work)
         except sqlite3.IntegrityError:  # e.g. an issuer record left by a purged tombstone's
             return False  # void: the general path decides (and reports a real error)
         except sqlite3.OperationalError as exc:  # disk full, I/O error, locked too long
             raise StorageUnavailableError(str(exc)) from exc
+        if isinstance(result, DuplicateOf):
+            return result
         return True if result is True else _record(result) or False
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:

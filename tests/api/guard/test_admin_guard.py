@@ -1,0 +1,79 @@
+"""``idempay admin guard MERCHANT [--window S | --on | --off]`` on both backends: shows the
+setting, turns it on and off, refuses a bad window and an unknown merchant; and the
+migration (0010) goes down and up again."""
+
+from __future__ import annotations
+
+from alembic import command
+from typer.testing import CliRunner, Result
+
+from api.cli import app
+from api.config import Settings
+from api.migrate import alembic_config, migrate
+from tests.support.backend import Backend
+
+
+def idempay(backend: Backend, *args: str) -> Result:
+    return CliRunner().invoke(app, ["admin", "guard", *args], env=backend.env)
+
+
+def window_of(backend: Backend, merchant: str) -> object:
+    rows = backend.sql("SELECT duplicate_guard_s FROM merchant WHERE name = :n", n=merchant)
+    return rows[0][0]
+
+
+def test_admin_guard_shows_sets_and_clears(private_backend: Backend) -> None:
+    merchant = "guard-admin"
+    private_backend.api_key(merchant)
+    shown = idempay(private_backend, merchant)
+    assert shown.exit_code == 0, shown.stderr
+    assert "duplicate guard off" in shown.stdout
+    assert window_of(private_backend, merchant) is None
+
+    on = idempay(private_backend, merchant, "--window", "90")
+    assert on.exit_code == 0, on.stderr
+    assert "on, window 90 s" in on.stdout
+    assert window_of(private_backend, merchant) == 90
+
+    by_id = private_backend.sql("SELECT id FROM merchant WHERE name = :n", n=merchant)[0][0]
+    again = idempay(private_backend, str(by_id))  # the merchant's id works as well
+    assert "on, window 90 s" in again.stdout
+
+    default = idempay(private_backend, merchant, "--on")
+    assert "on, window 120 s" in default.stdout
+    assert window_of(private_backend, merchant) == 120
+
+    off = idempay(private_backend, merchant, "--off")
+    assert off.exit_code == 0, off.stderr
+    assert "duplicate guard off" in off.stdout
+    assert window_of(private_backend, merchant) is None
+
+    assert idempay(private_backend, merchant, "--window", "0").exit_code == 2
+    assert idempay(private_backend, merchant, "--off", "--window", "5").exit_code == 2
+    unknown = idempay(private_backend, "nobody-by-that-name")
+    assert unknown.exit_code == 1
+    assert "no merchant named" in unknown.stderr
+    assert window_of(private_backend, merchant) is None  # nothing refused changed anything
+
+
+def test_migration_0010_goes_down_and_up(private_backend: Backend) -> None:
+    settings: Settings = private_backend.settings
+    private_backend.api_key("guard-mig")
+    private_backend.sql("UPDATE merchant SET duplicate_guard_s = 60")
+    command.downgrade(alembic_config(settings), "0009")
+    columns = private_backend.sql('SELECT * FROM "transaction" LIMIT 0')  # still readable
+    assert columns == []
+    migrate(settings)
+    rows = private_backend.sql("SELECT duplicate_guard_s FROM merchant WHERE name = 'guard-mig'")
+    assert rows == [(None,)]  # down dropped the column: every guard off again
+    indexes = private_backend.sql(
+        "SELECT name FROM sqlite_master WHERE type = 'index'"
+        if private_backend.name == "sqlite"
+        else "SELECT indexname FROM pg_indexes WHERE tablename = 'transaction'"
+    )
+    assert ("ix_transaction_duplicate_guard",) in [tuple(row) for row in indexes]
+    if private_backend.name == "postgres":
+        found = private_backend.sql(
+            "SELECT idempay_duplicate_of('m', 't', 'f', 1, 'BRL', now(), now(), 'k', 7)"
+        )
+        assert found == [(None,)]
