@@ -1,4 +1,5 @@
-"""The bench's environment: a private Postgres database, one idempay server, CPU accounting.
+"""The bench's environment: a private Postgres database (created and dropped by
+``idempay_tools.private_services``, the one launcher), one idempay server, CPU accounting.
 
 CPU is read from ``/proc`` (Linux): the server's process group; the ``postgres`` processes
 that work for the bench database (its backends, the postmaster's reaped-children time so
@@ -16,15 +17,32 @@ import platform
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 
+from idempay_tools import private_services
+from idempay_tools.private_services import PG_ADMIN, drop_database, pg_url
 from idempay_tools.serve_process import ServerProcess
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+__all__ = [
+    "PG_ADMIN",
+    "CpuSample",
+    "Server",
+    "cpu_delta",
+    "create_database",
+    "database_url",
+    "drop_database",
+    "free_connection_slots",
+    "machine_info",
+    "postgres_settings",
+    "prepare_database",
+    "prepare_url",
+    "sample_cpu",
+    "say",
+]
+
 ROOT = Path(__file__).resolve().parents[1]
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -36,25 +54,14 @@ def say(text: str) -> None:
 
 
 def database_url(name: str) -> str:
-    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
-
-
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(PG_ADMIN)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
+    """The bench database's URL on the shared PostgreSQL (``private_services.pg_url``)."""
+    return pg_url(name)
 
 
 def create_database() -> str:
-    name = f"idempay_bench_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    return name
-
-
-def drop_database(name: str) -> None:
-    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    """A new database for the bench on the shared PostgreSQL, through the one launcher
+    (``idempay_tools.private_services``), dropped with ``drop_database``."""
+    return private_services.create_database("idempay_bench")
 
 
 def prepare_database(name: str) -> str:
@@ -231,7 +238,7 @@ def _git_revision() -> str:
 
 
 async def _postgres_settings(name: str) -> dict[str, str]:
-    conn = await asyncpg.connect(database_url(name).replace("+asyncpg", ""))
+    conn = await asyncpg.connect(pg_url(name, driver="postgresql"))
     try:
         version = await conn.fetchval("SHOW server_version")
         sync = await conn.fetchval("SHOW synchronous_commit")
