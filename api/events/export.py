@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
-from sqlalchemy import Boolean, ColumnElement, Select, null, select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from analytics.lake import TABLES, PartitionUnreadable, read_partition, write_partition
@@ -79,16 +79,6 @@ def _request_events(start: datetime, end: datetime) -> Select[Any]:
     )
 
 
-def _duplicate_override() -> ColumnElement[Any]:
-    """``transaction.duplicate_override`` (migration 0010, the duplicate guard of issue 17),
-    or null — unknown, not false — while the schema has no such column: the lake's column
-    is nullable and the audit counts null as not overridden."""
-    t = Transaction.__table__.c
-    if "duplicate_override" in t:
-        return t["duplicate_override"]
-    return null().cast(Boolean)
-
-
 def _transactions(start: datetime, end: datetime) -> Select[Any]:
     t = Transaction.__table__.c
     return (
@@ -104,9 +94,11 @@ def _transactions(start: datetime, end: datetime) -> Select[Any]:
             t.created_at,
             t.processed_at,
             t.reversed_at,
-            t.offline,  # lake schema 2: an offline advice (contract §2.2) and when it was sold
+            # lake schema 2: an offline advice (contract §2.2) and when it was sold
+            # (migration 0006); a suspected duplicate the cashier confirmed (0010)
+            t.offline,
             t.captured_at,
-            _duplicate_override().label("duplicate_override"),
+            t.duplicate_override,
         )
         .where(t.created_at >= start, t.created_at < end)
         .order_by(t.created_at, t.merchant_id, t.id)
