@@ -28,16 +28,15 @@ SLOW_S = 2.0
 def slow(backend: Backend) -> Iterator[tuple[Api, Server]]:
     """tok_issuer_slow answers after 2 s, well inside the 6 s issuer timeout and the 5 s
     deadline; tok_issuer_down is voided and fenced at that deadline."""
-    server = backend.server(
+    with _own_server(
+        backend,
+        "merchant-prefer-wait",
         IDEMPAY_ISSUER_SLOW_SECONDS=str(SLOW_S),
         IDEMPAY_ISSUER_TIMEOUT="6",
         IDEMPAY_ISSUER_DEADLINE="5",
         IDEMPAY_COMPLETER_INTERVAL="0.2",
-    )
-    try:
-        yield Api(server.url, backend.api_key("merchant-prefer-wait")), server
-    finally:
-        server.stop()
+    ) as api_and_server:
+        yield api_and_server
 
 
 def _get(api: Api, path: str, **headers: str) -> httpx.Response:
@@ -48,6 +47,32 @@ def _get(api: Api, path: str, **headers: str) -> httpx.Response:
 def _post(api: Api, path: str, **headers: str) -> httpx.Response:
     with api.client() as client:
         return client.post(path, headers=api.headers(None, **headers))
+
+
+@contextlib.contextmanager
+def _own_server(backend: Backend, merchant: str, **env: str) -> Iterator[tuple[Api, Server]]:
+    """A server of the test's own (``env``: its settings) and a merchant on it; stopped
+    after the test, unless the test stopped it itself."""
+    server = backend.server(**env)
+    try:
+        yield Api(server.url, backend.api_key(merchant)), server
+    finally:
+        server.stop()
+
+
+def _wait_lookup(api: Api, key: str, seconds: int) -> httpx.Response:
+    return _get(api, f"/v1/transactions/{key}", Prefer=f"wait={seconds}")
+
+
+def _wait_abort(api: Api, key: str, seconds: int) -> httpx.Response:
+    return _post(api, f"/v1/transactions/{key}/abort", Prefer=f"wait={seconds}")
+
+
+def _in_flight(api: Api, token: str = "tok_issuer_slow") -> tuple[str, threading.Thread]:
+    """A new key whose create (``token``'s issuer behaviour) is in flight now, and the
+    thread sending it."""
+    key = new_key()
+    return key, _start_slow_create(api, key, token)
 
 
 def _start_slow_create(api: Api, key: str, token: str = "tok_issuer_slow") -> threading.Thread:
@@ -67,8 +92,7 @@ def test_a_duplicate_create_waits_for_the_original_and_gets_its_replay(
     slow: tuple[Api, Server],
 ) -> None:
     api, _ = slow
-    key = new_key()
-    original = _start_slow_create(api, key, "tok_issuer_slow")
+    key, original = _in_flight(api)
     without = api.create(key, body(card=card("tok_issuer_slow")))
     assert_problem(without, 409, "request_in_progress")  # as before, without the preference
     assert "preference-applied" not in without.headers
@@ -86,13 +110,10 @@ def test_lookups_and_aborts_waiting_on_one_key_are_released_by_its_commit(
     slow: tuple[Api, Server],
 ) -> None:
     api, _ = slow
-    key = new_key()
-    original = _start_slow_create(api, key)
+    key, original = _in_flight(api)
     with ThreadPoolExecutor(6) as pool:
-        lookups = [
-            pool.submit(_get, api, f"/v1/transactions/{key}", Prefer="wait=20") for _ in range(5)
-        ]
-        abort = pool.submit(_post, api, f"/v1/transactions/{key}/abort", Prefer="wait=20")
+        lookups = [pool.submit(_wait_lookup, api, key, 20) for _ in range(5)]
+        abort = pool.submit(_wait_abort, api, key, 20)
         answers = [f.result() for f in lookups]
         aborted = abort.result()
     original.join(30)
@@ -111,9 +132,8 @@ def test_a_lookup_waiting_on_a_key_the_issuer_never_answers_is_released_by_its_f
     slow: tuple[Api, Server],
 ) -> None:
     api, _ = slow
-    key = new_key()
-    original = _start_slow_create(api, key, "tok_issuer_down")
-    answer = _get(api, f"/v1/transactions/{key}", Prefer="wait=20")
+    key, original = _in_flight(api, "tok_issuer_down")
+    answer = _wait_lookup(api, key, 20)
     original.join(30)
     assert_problem(answer, 410, "transaction_aborted")
     assert answer.headers["idempotency-status"] == "aborted"
@@ -124,9 +144,8 @@ def test_a_wait_shorter_than_the_work_answers_in_flight_at_its_limit(
     slow: tuple[Api, Server],
 ) -> None:
     api, _ = slow
-    key = new_key()
-    original = _start_slow_create(api, key)
-    answer = _get(api, f"/v1/transactions/{key}", Prefer="wait=1")
+    key, original = _in_flight(api)
+    answer = _wait_lookup(api, key, 1)
     assert answer.status_code == 202, answer.text
     assert answer.json() == {"id": key, "status": "processing"}
     assert answer.headers["preference-applied"] == "wait=1"
@@ -139,10 +158,10 @@ def test_no_wait_for_a_settled_or_unknown_key(slow: tuple[Api, Server]) -> None:
     api, _ = slow
     key = new_key()
     assert api.create(key).status_code == 201
-    found = _get(api, f"/v1/transactions/{key}", Prefer="wait=20")
+    found = _wait_lookup(api, key, 20)
     assert found.status_code == 200
     assert "preference-applied" not in found.headers
-    unknown = _get(api, f"/v1/transactions/{new_key()}", Prefer="wait=20")
+    unknown = _wait_lookup(api, new_key(), 20)
     assert_problem(unknown, 404, "not_found")
     assert "preference-applied" not in unknown.headers
 
@@ -157,33 +176,28 @@ def test_an_abort_waiting_past_the_grace_fences_then_instead_of_at_its_limit(
     """The abort's 409 turns into a fence once the claim's issuer timeout (+0.5 s) passes —
     no settlement announces that: the waiter looks again then. (Before: it waited out its
     limit, then answered from a look made there.)"""
-    server = backend.server(IDEMPAY_ISSUER_TIMEOUT="1", IDEMPAY_COMPLETER_ENABLED="false")
-    try:
-        api = Api(server.url, backend.api_key("merchant-wait-abort"))
-        key = new_key()
-        original = _start_slow_create(api, key, "tok_issuer_down")
-        aborted = _post(api, f"/v1/transactions/{key}/abort", Prefer="wait=20")
+    settings = {"IDEMPAY_ISSUER_TIMEOUT": "1", "IDEMPAY_COMPLETER_ENABLED": "false"}
+    with _own_server(backend, "merchant-wait-abort", **settings) as (api, _):
+        key, original = _in_flight(api, "tok_issuer_down")
+        aborted = _wait_abort(api, key, 20)
         original.join(30)
-        assert aborted.status_code == 200, aborted.text
-        assert aborted.json() == {"id": key, "status": "aborted"}
-        assert aborted.headers["preference-applied"] == "wait=20"
-    finally:
-        server.stop()
+    assert aborted.status_code == 200, aborted.text
+    assert aborted.json() == {"id": key, "status": "aborted"}
+    assert aborted.headers["preference-applied"] == "wait=20"
 
 
 def test_sigterm_answers_the_waiting_requests_with_their_last_look(backend: Backend) -> None:
     """SIGTERM while requests wait: they answer at once, in flight, as the contract writes
     them (before: uvicorn's graceful shutdown waited 10 s, then cut them with a bare 500
     without X-Request-Id)."""
-    server = backend.server(IDEMPAY_ISSUER_TIMEOUT="30", IDEMPAY_ISSUER_DEADLINE="60")
-    api = Api(server.url, backend.api_key("merchant-wait-sigterm"))
-    key = new_key()
-    original = _start_slow_create(api, key, "tok_issuer_down")
-    with ThreadPoolExecutor(4) as pool:
-        waiting = [
-            pool.submit(_get, api, f"/v1/transactions/{key}", Prefer="wait=20") for _ in range(3)
-        ]
-        waiting.append(pool.submit(_post, api, f"/v1/transactions/{key}/abort", Prefer="wait=20"))
+    settings = {"IDEMPAY_ISSUER_TIMEOUT": "30", "IDEMPAY_ISSUER_DEADLINE": "60"}
+    with (
+        _own_server(backend, "merchant-wait-sigterm", **settings) as (api, server),
+        ThreadPoolExecutor(4) as pool,
+    ):
+        key, original = _in_flight(api, "tok_issuer_down")
+        waiting = [pool.submit(_wait_lookup, api, key, 20) for _ in range(3)]
+        waiting.append(pool.submit(_wait_abort, api, key, 20))
         threading.Event().wait(1.0)  # they are held (nothing settles this key for 30 s)
         server.stop()  # SIGTERM, then the graceful shutdown
         answers = [f.result() for f in waiting]
@@ -200,13 +214,13 @@ def test_sigterm_answers_the_waiting_requests_with_their_last_look(backend: Back
 def test_a_client_that_hangs_up_gives_its_waiting_slot_back(backend: Backend) -> None:
     """IDEMPAY_WAITERS_MAX=1: the one waiter hangs up after 1 s; the slot is free again
     long before its 20 s (before: held until the key settled or the limit)."""
-    server = backend.server(
-        IDEMPAY_ISSUER_TIMEOUT="30", IDEMPAY_ISSUER_DEADLINE="60", IDEMPAY_WAITERS_MAX="1"
-    )
-    try:
-        api = Api(server.url, backend.api_key("merchant-wait-hangup"))
-        key = new_key()
-        original = _start_slow_create(api, key, "tok_issuer_down")
+    settings = {
+        "IDEMPAY_ISSUER_TIMEOUT": "30",
+        "IDEMPAY_ISSUER_DEADLINE": "60",
+        "IDEMPAY_WAITERS_MAX": "1",
+    }
+    with _own_server(backend, "merchant-wait-hangup", **settings) as (api, server):
+        key, original = _in_flight(api, "tok_issuer_down")
         headers = api.headers(None, Prefer="wait=20")
         with (
             httpx.Client(base_url=server.url, timeout=1.0) as impatient,
@@ -215,12 +229,10 @@ def test_a_client_that_hangs_up_gives_its_waiting_slot_back(backend: Backend) ->
             impatient.get(f"/v1/transactions/{key}", headers=headers)
 
         def slot_free() -> bool:
-            answer = _get(api, f"/v1/transactions/{key}", Prefer="wait=1")
+            answer = _wait_lookup(api, key, 1)
             return answer.headers.get("preference-applied") == "wait=1"
 
         eventually(slot_free, what="the hung-up waiter's slot back", timeout=10)
-    finally:
-        server.stop()
     original.join(60)
 
 
@@ -228,14 +240,12 @@ def test_sqlite_sees_a_fence_made_by_another_process(private_sqlite_backend: Bac
     """SQLite has no NOTIFY: a key fenced by the CLI (another process) is seen by the
     waiter's once-a-second look (before: it waited out its limit and answered 202)."""
     backend = private_sqlite_backend
-    server = backend.server(IDEMPAY_ISSUER_TIMEOUT="1", IDEMPAY_COMPLETER_ENABLED="false")
-    try:
-        api = Api(server.url, backend.api_key("merchant-wait-cli"))
-        key = new_key()
-        original = _start_slow_create(api, key, "tok_issuer_down")
+    settings = {"IDEMPAY_ISSUER_TIMEOUT": "1", "IDEMPAY_COMPLETER_ENABLED": "false"}
+    with _own_server(backend, "merchant-wait-cli", **settings) as (api, _):
+        key, original = _in_flight(api, "tok_issuer_down")
         original.join(30)  # answered 202: the key is handed over, nobody re-drives it
         with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(_get, api, f"/v1/transactions/{key}", Prefer="wait=20")
+            waiting = pool.submit(_wait_lookup, api, key, 20)
             threading.Event().wait(0.5)
             fenced = subprocess.run(
                 [sys.executable, "-m", "api", "admin", "key", "fence", "merchant-wait-cli",
@@ -244,7 +254,5 @@ def test_sqlite_sees_a_fence_made_by_another_process(private_sqlite_backend: Bac
             )  # fmt: skip
             assert fenced.returncode == 0, fenced.stdout + fenced.stderr
             answer = waiting.result()
-        assert_problem(answer, 410, "transaction_aborted")
-        assert answer.headers["preference-applied"] == "wait=20"
-    finally:
-        server.stop()
+    assert_problem(answer, 410, "transaction_aborted")
+    assert answer.headers["preference-applied"] == "wait=20"

@@ -44,6 +44,13 @@ class Merchant:
             headers=self.headers(key, **extra),
         )
 
+    async def created(self, payload: Any = None) -> tuple[str, httpx.Response]:
+        """A create of a new key that must answer 201: the key and the answer."""
+        key = new_key()
+        response = await self.create(key, payload)
+        assert response.status_code == 201, response.text
+        return key, response
+
     async def lookup(self, key: str) -> httpx.Response:
         return await self.http.get(f"{TRANSACTIONS}/{key}", headers=self.headers())
 
@@ -97,9 +104,7 @@ async def other_merchant(app: FastAPI, http: httpx.AsyncClient) -> Merchant:
 
 
 async def test_create_answers_201_with_the_transaction(merchant: Merchant) -> None:
-    key = new_key()
-    created = await merchant.create(key, body(amount=4321))
-    assert created.status_code == 201, created.text
+    key, created = await merchant.created(body(amount=4321))
     assert created.headers["idempotency-status"] == "created"
     assert "idempotent-replayed" not in created.headers
     assert created.headers.get("x-request-id")
@@ -111,9 +116,7 @@ async def test_create_answers_201_with_the_transaction(merchant: Merchant) -> No
 
 
 async def test_replay_answers_201_with_the_identical_body(merchant: Merchant) -> None:
-    key = new_key()
-    first = await merchant.create(key)
-    assert first.status_code == 201, first.text
+    key, first = await merchant.created()
     replay = await merchant.create(key)
     assert replay.status_code == 201, replay.text
     assert replay.headers["idempotent-replayed"] == "true"
@@ -122,9 +125,7 @@ async def test_replay_answers_201_with_the_identical_body(merchant: Merchant) ->
 
 
 async def test_a_decline_is_processed_and_replayed_like_an_approval(merchant: Merchant) -> None:
-    key = new_key()
-    declined = await merchant.create(key, body(card=card("tok_decline_insufficient_funds")))
-    assert declined.status_code == 201, declined.text
+    key, declined = await merchant.created(body(card=card("tok_decline_insufficient_funds")))
     assert declined.json()["status"] == "declined"
     assert declined.json()["decline_reason"] == "insufficient_funds"
     replay = await merchant.create(key, body(card=card("tok_decline_insufficient_funds")))
@@ -135,9 +136,7 @@ async def test_a_decline_is_processed_and_replayed_like_an_approval(merchant: Me
 async def test_lookup_answers_the_transaction_or_404(
     merchant: Merchant, other_merchant: Merchant
 ) -> None:
-    key = new_key()
-    created = await merchant.create(key)
-    assert created.status_code == 201, created.text
+    key, created = await merchant.created()
     found = await merchant.lookup(key)
     assert found.status_code == 200, found.text
     assert found.headers["idempotency-status"] == "processed"
@@ -164,9 +163,7 @@ async def test_abort_fences_an_unused_key_and_a_later_create_is_410(merchant: Me
 
 
 async def test_abort_of_a_processed_key_answers_the_transaction(merchant: Merchant) -> None:
-    key = new_key()
-    created = await merchant.create(key)
-    assert created.status_code == 201, created.text
+    key, created = await merchant.created()
     aborted = await merchant.abort(key)
     assert aborted.status_code == 200, aborted.text
     assert aborted.headers["idempotency-status"] == "processed"
@@ -177,8 +174,7 @@ async def test_abort_of_a_processed_key_answers_the_transaction(merchant: Mercha
 async def test_reversal_reverses_once_and_repeats_the_same_answer(
     merchant: Merchant, other_merchant: Merchant
 ) -> None:
-    key = new_key()
-    assert (await merchant.create(key)).status_code == 201
+    key, _ = await merchant.created()
     assert_problem(await other_merchant.reverse(key), 404, "not_found")
     reversed_ = await merchant.reverse(key)
     assert reversed_.status_code == 200, reversed_.text
@@ -229,9 +225,7 @@ async def test_a_missing_or_unknown_api_key_is_401(
 
 
 async def test_the_same_key_with_another_payload_is_422_key_reused(merchant: Merchant) -> None:
-    key = new_key()
-    first = await merchant.create(key, body(amount=100))
-    assert first.status_code == 201, first.text
+    key, first = await merchant.created(body(amount=100))
     assert_problem(await merchant.create(key, body(amount=101)), 422, "idempotency_key_reused")
     assert (await merchant.lookup(key)).json() == first.json()  # the first answer stands
 

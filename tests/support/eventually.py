@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -28,11 +28,42 @@ def _truthy(value: object) -> bool:
     return bool(value)
 
 
-def _failure(
-    what: str, timeout: float, probes: int, last: object, error: BaseException | None
-) -> str:
-    seen = f"last error {error!r}" if error is not None else f"last value {last!r}"
-    return f"timed out after {timeout:g} s waiting for {what} ({probes} probes; {seen})"
+class _Wait(Generic[T]):
+    """One wait's bookkeeping, shared by both loops: the deadline, the backoff, the probes
+    counted, and the last value or error seen (for the failure message)."""
+
+    def __init__(self, what: str, until: Callable[[T], object], timeout: float, interval: float):
+        self.what, self.until, self.timeout, self.interval = what, until, timeout, interval
+        self.deadline = time.monotonic() + timeout
+        self.next_pause = min(_FIRST_PAUSE, interval)
+        self.probes = 0
+        self.last: object = None
+        self.error: BaseException | None = None
+
+    def done(self, value: T) -> bool:
+        """Count a probe that answered ``value``; True when it is what was awaited."""
+        self.probes += 1
+        self.last, self.error = value, None
+        return bool(self.until(value))
+
+    def failed(self, error: BaseException) -> None:
+        """Count a probe that raised one of the ignored kinds: not yet."""
+        self.probes += 1
+        self.error = error
+
+    def pause(self) -> float:
+        """How long to sleep before the next probe; an ``AssertionError`` when time is up."""
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            error, last = self.error, self.last
+            seen = f"last error {error!r}" if error is not None else f"last value {last!r}"
+            raise AssertionError(
+                f"timed out after {self.timeout:g} s waiting for {self.what} "
+                f"({self.probes} probes; {seen})"
+            )
+        pause = min(self.next_pause, remaining)
+        self.next_pause = min(self.next_pause * 2, self.interval)
+        return pause
 
 
 def eventually(
@@ -49,26 +80,16 @@ def eventually(
     Exceptions of the ``ignoring`` kinds count as "not yet" (a server still starting);
     any other propagates at once.
     """
-    deadline = time.monotonic() + timeout
-    pause = min(_FIRST_PAUSE, interval)
-    probes = 0
-    last: object = None
-    error: BaseException | None = None
+    wait = _Wait(what, until, timeout, interval)
     while True:
-        probes += 1
         try:
             value = probe()
         except ignoring as exc:
-            error = exc
+            wait.failed(exc)
         else:
-            if until(value):
+            if wait.done(value):
                 return value
-            last, error = value, None
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(_failure(what, timeout, probes, last, error))
-        time.sleep(min(pause, remaining))
-        pause = min(pause * 2, interval)
+        time.sleep(wait.pause())
 
 
 async def eventually_async(
@@ -82,24 +103,14 @@ async def eventually_async(
 ) -> T:
     """``eventually`` inside an event loop: ``probe`` may return an awaitable (a coroutine
     function, or ``lambda: asyncio.to_thread(blocking, ...)``), which is awaited."""
-    deadline = time.monotonic() + timeout
-    pause = min(_FIRST_PAUSE, interval)
-    probes = 0
-    last: object = None
-    error: BaseException | None = None
+    wait: _Wait[T] = _Wait(what, until, timeout, interval)
     while True:
-        probes += 1
         try:
             result = probe()
             value: T = await result if inspect.isawaitable(result) else result
         except ignoring as exc:
-            error = exc
+            wait.failed(exc)
         else:
-            if until(value):
+            if wait.done(value):
                 return value
-            last, error = value, None
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(_failure(what, timeout, probes, last, error))
-        await asyncio.sleep(min(pause, remaining))
-        pause = min(pause * 2, interval)
+        await asyncio.sleep(wait.pause())

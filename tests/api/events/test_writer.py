@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
@@ -98,80 +98,20 @@ async def test_shutdown_finishes_the_flush_under_way_instead_of_cancelling_it(
     assert await _rows(private_pg_backend, merchant) == (20, 20)
 
 
-class _CommitReplyCutter:
-    """A TCP hop to Postgres that, when armed, lets the server COMMIT and then cuts the
-    connection instead of passing the reply on: the client cannot know the batch landed."""
+class _PgHop:
+    """A TCP hop to Postgres with a fault hook. ``fault`` sees every chunk Postgres sends:
+    when it answers True the connection is cut (both ways) instead of passing the chunk on.
+    ``close_all()`` cuts every connection at once and ``shut`` refuses new ones (the
+    database restarting, as ``make chaos``'s Postgres restart does)."""
 
-    def __init__(self) -> None:
-        self.armed = False
-        self.cuts = 0
-        self.port = 0
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[_CommitReplyCutter]:
-        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        try:
-            yield self
-        finally:
-            server.close()
-
-    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", 5432)
-
-        async def up() -> None:
-            while data := await client_r.read(65536):
-                server_w.write(data)
-                await server_w.drain()
-            server_w.close()
-
-        async def down() -> None:
-            while data := await server_r.read(65536):
-                if self.armed and COMMIT_REPLY in data:
-                    self.armed = False
-                    self.cuts += 1
-                    client_w.transport.abort()
-                    server_w.transport.abort()
-                    return
-                client_w.write(data)
-                await client_w.drain()
-            client_w.close()
-
-        await asyncio.gather(up(), down(), return_exceptions=True)
-
-
-async def test_a_batch_retried_after_a_lost_commit_reply_lands_once(
-    private_pg_backend: Backend,
-) -> None:
-    merchant = f"mer_{uuid.uuid4().hex[:12]}"
-    assert private_pg_backend.database_url is not None
-    async with _CommitReplyCutter().running() as cutter:
-        url = private_pg_backend.database_url.replace(":5432/", f":{cutter.port}/")
-        engine = create_engine(Settings(database_url=url, var_dir=private_pg_backend.tmp / "v"))
-        writer = EventWriter(engine, batch_size=100, interval=60, max_queue=1000)
-        try:
-            for event in _events(merchant, 50):
-                writer.record(event)
-            cutter.armed = True
-            assert await writer.flush() == 0  # "failed": the reply never came
-            assert cutter.cuts == 1
-            assert await writer.flush() == 50  # the retry
-        finally:
-            await engine.dispose()
-    assert await _rows(private_pg_backend, merchant) == (50, 50)
-
-
-class _Gate:
-    """A TCP hop to Postgres that can be shut: while shut, every connection is cut at
-    once (the database restarting, as ``make chaos``'s Postgres restart does)."""
-
-    def __init__(self) -> None:
+    def __init__(self, fault: Callable[[bytes], bool] | None = None) -> None:
+        self.fault = fault
         self.shut = False
         self.port = 0
         self._open: set[asyncio.StreamWriter] = set()
 
     @asynccontextmanager
-    async def running(self) -> AsyncIterator[_Gate]:
+    async def running(self) -> AsyncIterator[_PgHop]:
         server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = server.sockets[0].getsockname()[1]
         try:
@@ -189,18 +129,68 @@ class _Gate:
             client_w.transport.abort()
             return
         server_r, server_w = await asyncio.open_connection("127.0.0.1", 5432)
-        self._open.update((client_w, server_w))
-
-        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-            w.close()
-
+        ends = (client_w, server_w)
+        self._open.update(ends)
         await asyncio.gather(
-            pipe(client_r, server_w), pipe(server_r, client_w), return_exceptions=True
+            self._pipe(client_r, server_w, ends, None),
+            self._pipe(server_r, client_w, ends, self.fault),
+            return_exceptions=True,
         )
-        self._open.difference_update((client_w, server_w))
+        self._open.difference_update(ends)
+
+    @staticmethod
+    async def _pipe(
+        r: asyncio.StreamReader,
+        w: asyncio.StreamWriter,
+        ends: tuple[asyncio.StreamWriter, ...],
+        fault: Callable[[bytes], bool] | None,
+    ) -> None:
+        while data := await r.read(65536):
+            if fault is not None and fault(data):
+                for end in ends:
+                    end.transport.abort()
+                return
+            w.write(data)
+            await w.drain()
+        w.close()
+
+
+class _CutCommitReply:
+    """The fault: once armed, let the server COMMIT and cut the connection instead of
+    passing the reply on — the client cannot know the batch landed."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.cuts = 0
+
+    def __call__(self, data: bytes) -> bool:
+        if not (self.armed and COMMIT_REPLY in data):
+            return False
+        self.armed = False
+        self.cuts += 1
+        return True
+
+
+async def test_a_batch_retried_after_a_lost_commit_reply_lands_once(
+    private_pg_backend: Backend,
+) -> None:
+    merchant = f"mer_{uuid.uuid4().hex[:12]}"
+    assert private_pg_backend.database_url is not None
+    cutter = _CutCommitReply()
+    async with _PgHop(cutter).running() as hop:
+        url = private_pg_backend.database_url.replace(":5432/", f":{hop.port}/")
+        engine = create_engine(Settings(database_url=url, var_dir=private_pg_backend.tmp / "v"))
+        writer = EventWriter(engine, batch_size=100, interval=60, max_queue=1000)
+        try:
+            for event in _events(merchant, 50):
+                writer.record(event)
+            cutter.armed = True
+            assert await writer.flush() == 0  # "failed": the reply never came
+            assert cutter.cuts == 1
+            assert await writer.flush() == 50  # the retry
+        finally:
+            await engine.dispose()
+    assert await _rows(private_pg_backend, merchant) == (50, 50)
 
 
 async def test_shutdown_drain_waits_out_a_database_restart(private_pg_backend: Backend) -> None:
@@ -209,7 +199,7 @@ async def test_shutdown_drain_waits_out_a_database_restart(private_pg_backend: B
     retries within its deadline instead."""
     merchant = f"mer_{uuid.uuid4().hex[:12]}"
     assert private_pg_backend.database_url is not None
-    async with _Gate().running() as gate:
+    async with _PgHop().running() as gate:
         url = private_pg_backend.database_url.replace(":5432/", f":{gate.port}/")
         engine = create_engine(Settings(database_url=url, var_dir=private_pg_backend.tmp / "v"))
         writer = EventWriter(engine, batch_size=100, interval=60, max_queue=1000)
