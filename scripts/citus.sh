@@ -207,6 +207,16 @@ EOF
   printf 'host all all 127.0.0.1/32 trust\n' >>"$dir/$node/data/pg_hba.conf"
 }
 
+ensure_conf() {  # settings added after a node's initdb: appended once, read at its next start
+  local conf="$1/$2/data/postgresql.conf"
+  # Every database with the extension runs a Citus maintenance daemon, a background worker:
+  # with the default 8 slots the tests' databases (one per module, on every node) used them
+  # all, and a shard move's logical-replication apply worker could not start — the move
+  # waited for ever ("out of background worker slots").
+  grep -q '^max_worker_processes' "$conf" \
+    || printf 'max_worker_processes = 64\n' >>"$conf"
+}
+
 start_node() {  # a node never registered may move to another port if its own was taken
   local dir="$1" node="$2" fresh="${3:-0}" port
   node_running "$dir" "$node" && return 0
@@ -230,7 +240,11 @@ cmd_start() {
   dir="$(cluster_dir "${1:-}")"
   cmd_build
   [ -f "$dir/coordinator/data/PG_VERSION" ] || fresh=1
-  for node in $(nodes); do init_node "$dir" "$node"; start_node "$dir" "$node" "$fresh"; done
+  for node in $(nodes); do
+    init_node "$dir" "$node"
+    ensure_conf "$dir" "$node"
+    start_node "$dir" "$node" "$fresh"
+  done
   for node in $(nodes); do psql_node "$dir" "$node" "CREATE EXTENSION IF NOT EXISTS citus"; done
   if [ "$fresh" -eq 1 ] || [ "$(psql_node "$dir" coordinator \
       "SELECT count(*) FROM pg_dist_node WHERE groupid > 0")" != "$WORKERS" ]; then

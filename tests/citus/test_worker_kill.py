@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from tests.citus.fleet import Fleet, invariants
 from tests.support.backend import Backend
 from tests.support.citus import (
-    PENDING_CODE_CHANGES,
     CitusCluster,
     execute_sync,
     merchants_by_worker,
@@ -27,10 +24,6 @@ from tests.support.citus import (
 )
 from tests.support.client import Api
 
-pytestmark = pytest.mark.xfail(
-    bool(PENDING_CODE_CHANGES),
-    reason="pending create-path change: " + "; ".join(PENDING_CODE_CHANGES),
-)
 PER_WORKER = 3
 
 
