@@ -13,13 +13,20 @@ be written. ``recover`` prints one JSON line per entry it
 settled: ``{"key", "state", "status"}``. ``pay-offline`` (URL: a port nobody listens on)
 sells under an offline policy, prints ``{"key", "status", "offline"}`` once the journal
 holds the payment STORED, then waits to be killed.
+
+The tests start it with ``terminal(...)``, end it with ``killed(...)`` and run a reboot's
+``recover`` with ``recovered(...)`` (the launcher the kill tests share).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -31,6 +38,31 @@ GATE_S = 600.0
 POLICY = OfflinePolicy(
     floor_limit=10_000, max_stored_count=10, max_stored_amount=50_000, max_age_s=3600
 )
+
+
+def terminal(*args: str) -> subprocess.Popen[str]:
+    """This program in a process of its own: ``args`` is its command line (above)."""
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__)), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def killed(process: subprocess.Popen[str]) -> None:
+    """SIGKILL ``process`` (no chance to clean up) and check that is how it ended."""
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(10)
+    assert process.returncode == -signal.SIGKILL
+
+
+def recovered(url: str, api_key: str, journal: Path) -> list[dict[str, object]]:
+    """Run ``recover`` on ``journal`` in a new process (a reboot): one line per entry."""
+    process = terminal("recover", url, api_key, str(journal))
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines()]
 
 
 class Gate(httpx.BaseTransport):

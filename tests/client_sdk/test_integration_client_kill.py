@@ -18,24 +18,19 @@ settled as approved.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from integration_db import Merchant, journal_entries, wait_for
+from integration_terminal import killed, recovered, terminal
 
 from client_sdk import JournalEntry, JournalState
 from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
 
-TERMINAL = Path(__file__).with_name("integration_terminal.py")
 HOLD_ORIGINAL_S = 10.0
 WINDOWS = ["before_send", "after_send", "after_commit"]
 
@@ -52,15 +47,6 @@ def proxy(server: Server) -> Iterator[ProxyThread]:
     thread = ChaosProxy(target_host="127.0.0.1", target_port=server.port, loss=0.0).run_in_thread()
     yield thread
     thread.stop()
-
-
-def terminal(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(TERMINAL), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def only_entry(journal: Path) -> JournalEntry | None:
@@ -109,9 +95,7 @@ def test_a_terminal_killed_mid_payment_is_settled_by_recover_in_a_new_process(
         wait_for(lambda: reached(window, journal, proxy, merchant), timeout=30, what=window)
         assert paying.poll() is None, "the payment finished before the kill"
     finally:
-        os.kill(paying.pid, signal.SIGKILL)
-        paying.wait(10)
-    assert paying.returncode == -signal.SIGKILL
+        killed(paying)
     entry = only_entry(journal)
     assert entry is not None and not entry.state.is_terminal
     key = entry.key
@@ -120,10 +104,7 @@ def test_a_terminal_killed_mid_payment_is_settled_by_recover_in_a_new_process(
     else:
         assert key not in merchant.key_states()  # nothing processed (or even seen) yet
 
-    recovering = terminal("recover", url, merchant.api_key, str(journal))
-    out, err = recovering.communicate(timeout=60)
-    assert recovering.returncode == 0, err
-    [line] = [json.loads(text) for text in out.splitlines()]
+    [line] = recovered(url, merchant.api_key, journal)
     [final] = journal_entries(journal)
     assert final.state.is_terminal and final.outcome is not None
     if window == "after_commit":

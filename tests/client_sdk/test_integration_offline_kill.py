@@ -12,16 +12,13 @@ exactly once, on Postgres and on SQLite (issue 16).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from integration_db import Merchant, journal_entries, wait_for
+from integration_terminal import killed, recovered, terminal
 
 from client_sdk import JournalEntry, JournalState
 from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
@@ -29,7 +26,6 @@ from idempay_tools.serve_process import free_port
 from tests.support.backend import Backend
 from tests.support.services import Server
 
-TERMINAL = Path(__file__).with_name("integration_terminal.py")
 HOLD_S = 8.0
 
 
@@ -40,33 +36,11 @@ def server(backend: Backend) -> Iterator[Server]:
     server.stop()
 
 
-def terminal(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(TERMINAL), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def killed(process: subprocess.Popen[str]) -> None:
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(10)
-    assert process.returncode == -signal.SIGKILL
-
-
 def stored(journal: Path) -> JournalEntry | None:
     if not journal.exists():
         return None
     entries = journal_entries(journal)
     return entries[0] if entries and entries[0].state is JournalState.STORED else None
-
-
-def recover(url: str, merchant: Merchant, journal: Path) -> list[dict[str, object]]:
-    process = terminal("recover", url, merchant.api_key, str(journal))
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 0, err
-    return [json.loads(line) for line in out.splitlines()]
 
 
 def sell_offline_and_kill(merchant: Merchant, journal: Path) -> JournalEntry:
@@ -104,9 +78,9 @@ def test_a_sale_stored_offline_survives_a_kill_and_is_forwarded_once(
             killed(rebooted)
         assert stored(journal) is not None  # killed mid-forward: still owed
     try:
-        lines = recover(server.url, merchant, journal)
+        lines = recovered(server.url, merchant.api_key, journal)
         assert lines == [{"key": key, "state": "RESOLVED", "status": "approved"}]
-        assert recover(server.url, merchant, journal) == []  # nothing left: exactly once
+        assert recovered(server.url, merchant.api_key, journal) == []  # exactly once
         if proxy is not None:
             wait_for(lambda: proxy.released, timeout=HOLD_S + 10, what="the held advice")
             assert [r.status for r in proxy.released] == [201]  # the replay

@@ -25,6 +25,7 @@ from client_sdk import (
     PaymentAbortedError,
     PaymentInDoubtError,
     SuspectedDuplicateError,
+    Transaction,
 )
 from client_sdk._actions import Phase, Reject, Retry, next_action
 from client_sdk._effects import HttpReply
@@ -80,15 +81,26 @@ def test_the_guard_answer_without_duplicate_of_still_refuses() -> None:
 # --- through the clients, against the fake with its guard on -----------------------------
 
 
-def test_a_suspected_duplicate_fences_the_key_and_names_the_earlier_payment(
-    make_client: MakeClient, fake: FakeIdempay
-) -> None:
+@pytest.fixture
+def guarded(make_client: MakeClient, fake: FakeIdempay) -> Client:
+    """A client of a merchant whose duplicate guard is on."""
     fake.guard = True
-    client = make_client()
+    return make_client()
+
+
+def _sold_twice(client: Client) -> tuple[Transaction, SuspectedDuplicateError]:
+    """The same sale rung up twice under the guard: the first payment, the second's error."""
     first = client.purchase(**SALE)
     with pytest.raises(SuspectedDuplicateError) as caught:
         client.purchase(**SALE)
-    error = caught.value
+    return first, caught.value
+
+
+def test_a_suspected_duplicate_fences_the_key_and_names_the_earlier_payment(
+    guarded: Client, fake: FakeIdempay
+) -> None:
+    first, refused = _sold_twice(guarded)
+    error = refused
     assert isinstance(error, PaymentAbortedError)  # callers catching the abort family
     assert (error.code, error.status, error.reason) == ("suspected_duplicate", 409, "aborted")
     assert error.duplicate_of == first.id and error.key != first.id
@@ -96,7 +108,7 @@ def test_a_suspected_duplicate_fences_the_key_and_names_the_earlier_payment(
     assert [s.endpoint for s in fake.seen] == ["create", "create", "abort"]
     assert fake.keys[error.key].state == "aborted"  # a late copy of it now gets 410
     assert fake.processed[error.key] == 0
-    entry = client.journal.get(error.key)
+    entry = guarded.journal.get(error.key)
     assert entry is not None and entry.state is JournalState.ABORTED
     assert entry.outcome is not None and entry.outcome["duplicate_of"] == first.id
 
@@ -116,17 +128,11 @@ async def test_the_async_client_fences_and_raises_the_same(
     assert entry is not None and entry.state is JournalState.ABORTED
 
 
-def test_the_cashiers_override_sells_under_a_new_key(
-    make_client: MakeClient, fake: FakeIdempay
-) -> None:
-    fake.guard = True
-    client = make_client()
-    first = client.purchase(**SALE)
-    with pytest.raises(SuspectedDuplicateError) as caught:
-        client.purchase(**SALE)
-    again = client.purchase(**SALE, allow_duplicate=True)
+def test_the_cashiers_override_sells_under_a_new_key(guarded: Client, fake: FakeIdempay) -> None:
+    first, refused = _sold_twice(guarded)
+    again = guarded.purchase(**SALE, allow_duplicate=True)
     assert again.status == "approved"
-    assert len({first.id, caught.value.key, again.id}) == 3
+    assert len({first.id, refused.key, again.id}) == 3
     bodies = [s.body for s in fake.calls("create")]
     assert [body.get("allow_duplicate") for body in bodies] == [None, None, True]
     assert fake.processed[again.id] == 1
@@ -143,30 +149,20 @@ async def test_the_async_override_sends_allow_duplicate(
     assert fake.calls("create")[-1].body["allow_duplicate"] is True
 
 
-def test_refunds_are_not_guarded_and_take_no_override(
-    make_client: MakeClient, fake: FakeIdempay
-) -> None:
-    fake.guard = True
-    client = make_client()
-    client.refund(**SALE)
-    assert client.refund(**SALE).status == "approved"
+def test_refunds_are_not_guarded_and_take_no_override(guarded: Client) -> None:
+    guarded.refund(**SALE)
+    assert guarded.refund(**SALE).status == "approved"
     with pytest.raises(TypeError, match="allow_duplicate"):
-        client.refund(**SALE, allow_duplicate=True)  # type: ignore[call-arg]
+        guarded.refund(**SALE, allow_duplicate=True)  # type: ignore[call-arg]
 
 
-def test_a_second_driver_finds_the_refusal_settled(
-    make_client: MakeClient, fake: FakeIdempay
-) -> None:
-    fake.guard = True
-    client = make_client()
-    first = client.purchase(**SALE)
-    with pytest.raises(SuspectedDuplicateError) as caught:
-        client.purchase(**SALE)
-    entry = client.journal.get(caught.value.key)
+def test_a_second_driver_finds_the_refusal_settled(guarded: Client) -> None:
+    first, refused = _sold_twice(guarded)
+    entry = guarded.journal.get(refused.key)
     assert entry is not None
     with pytest.raises(SuspectedDuplicateError) as again:
         settled_outcome(entry)
-    assert (again.value.key, again.value.duplicate_of) == (caught.value.key, first.id)
+    assert (again.value.key, again.value.duplicate_of) == (refused.key, first.id)
 
 
 # --- what the abort finds decides (scripted server) ---------------------------------------
