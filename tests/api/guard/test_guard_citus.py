@@ -1,0 +1,99 @@
+"""The duplicate guard on Citus (a private coordinator + 2 workers, ``scripts/citus.sh``):
+migration 0010 runs on a database that ``idempay migrate`` distributes, and the guard —
+checked on the general path there (Citus never runs the one-write statement), with the
+coordinator's advisory lock — blocks, overrides and closes the race as on Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from api.auth import create_api_key
+from api.config import Settings
+from api.main import create_app
+from api.migrate import migrate
+from api.transactions.guard import set_window
+from tests.api.guard.conftest import Merchant, new_key
+from tests.api.guard.test_guard import OVERRIDE, blocked, nothing_stored
+from tests.support.citus import BUILD_TIMEOUT, CitusCluster
+from tests.support.client import body
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(BUILD_TIMEOUT)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[CitusCluster]:
+    root = Path(tempfile.mkdtemp(prefix="idempay-citus-guard-"))
+    citus = CitusCluster(root)
+    try:
+        yield citus.start()
+    finally:
+        citus.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def citus_settings(cluster: CitusCluster, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    settings = Settings(
+        database_url=cluster.url(cluster.database()),
+        var_dir=tmp_path_factory.mktemp("citus-guard") / "var",
+        redis_url=None,
+        rate_limit="100000/second",
+        rate_limit_terminal="100000/second",
+        auth_failure_limit="100000/minute",
+        event_flush_interval=0.05,
+        db_pool_size=8,
+    )
+    migrate(settings)  # 0010 included; then distributed
+    return settings
+
+
+@pytest.fixture(scope="module")
+async def app(citus_settings: Settings) -> AsyncIterator[FastAPI]:
+    application = create_app(citus_settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def guarded(app: FastAPI) -> AsyncIterator[Merchant]:
+    engine = app.state.ctx.engine
+    name = f"guard-{uuid.uuid4().hex[:10]}"
+    api_key = await create_api_key(engine, name)
+    await set_window(engine, name, 120)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://idempay.test") as http:
+        yield Merchant(app, http, api_key, name)
+
+
+async def test_the_guard_blocks_and_is_overridden_on_citus(guarded: Merchant) -> None:
+    placed = await guarded.sql(
+        "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = '\"transaction\"'::regclass"
+    )
+    assert placed == [(1,)]  # the table the guard reads is distributed
+    first, second = new_key(), new_key()
+    assert (await guarded.create(first)).status_code == 201
+    blocked(await guarded.create(second), first)
+    await nothing_stored(guarded, second)
+    assert await guarded.create_events(second) == [("rejected", 409)]
+    assert (await guarded.create(second, body(**OVERRIDE))).status_code == 201
+    assert bool((await guarded.transaction(second))[1])
+
+
+async def test_new_keys_racing_for_one_sale_charge_once_on_citus(guarded: Merchant) -> None:
+    keys = [new_key() for _ in range(6)]
+    responses = await asyncio.gather(*(guarded.create(key) for key in keys))
+    assert sorted(r.status_code for r in responses) == [201] + [409] * 5
+    rows = await guarded.sql(
+        'SELECT count(*) FROM "transaction" WHERE merchant_id = :m',
+        m=await guarded.merchant_id(),
+    )
+    assert rows[0][0] == 1
