@@ -5,8 +5,9 @@
 Synthesizes the lake (``idempay lake synth``; skipped with ``--lake`` of an existing one),
 then, in one run: the Spark audit exactly as ``idempay audit`` runs it (all outputs and
 report.html written; session start timed apart) and DuckDB computing daily_summary,
-terminal_ranking and network_rates (``analytics.duckdb_reference``). The engines' three
-tables are compared row by row, every column, so the figures are for the same answer.
+terminal_ranking, network_rates and the offline and duplicate-guard tables
+(``analytics.duckdb_reference``). The engines' tables are compared row by row, every
+column, so the figures are for the same answer.
 Prints a table and, with ``--json``, writes the figures to a file.
 """
 
@@ -24,12 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from analytics import duckdb_reference
-from analytics.metrics import NETWORK_COLUMNS, RANKING_COLUMNS, SUMMARY_COLUMNS
+from analytics.metrics import (
+    GUARD_COLUMNS,
+    NETWORK_COLUMNS,
+    OFFLINE_COLUMNS,
+    OFFLINE_TERMINAL_COLUMNS,
+    RANKING_COLUMNS,
+    SUMMARY_COLUMNS,
+)
 
 COMPARED = {
     "daily_summary": SUMMARY_COLUMNS,
     "terminal_ranking": RANKING_COLUMNS,
     "network_rates": NETWORK_COLUMNS,
+    "offline_summary": OFFLINE_COLUMNS,
+    "offline_terminals": OFFLINE_TERMINAL_COLUMNS,
+    "duplicate_guard": GUARD_COLUMNS,
 }
 
 

@@ -42,6 +42,12 @@ HEADERS = {
         "event_date,merchant_id,terminal_id,card_fingerprint,amount,currency,"
         "first_transaction_id,second_transaction_id,seconds_apart"
     ),
+    "offline_summary.csv": (
+        "event_date,merchant_id,currency,transactions,offline_transactions,offline_rate,"
+        "forward_delay_p50_s,forward_delay_p95_s,forward_delay_max_s,offline_declined,"
+        "offline_decline_rate,offline_amount_at_risk,forwarded_after_day_end"
+    ),
+    "duplicate_guard.csv": "event_date,merchant_id,duplicates_blocked,duplicates_overridden",
 }
 
 
@@ -49,8 +55,8 @@ HEADERS = {
 def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SynthResult]:
     root = tmp_path_factory.mktemp("lake")
     config = SynthConfig(
-        lake=root, days=3, events_per_day=1500, seed=11, start=FIRST, merchants=3, violations=1
-    )
+        lake=root, days=3, events_per_day=1500, seed=12, start=FIRST, merchants=3, violations=1
+    )  # a seed with new-key double charges on each day, the one past the range included
     return root, synthesize(config)
 
 
@@ -100,7 +106,8 @@ def test_synthesized_lake_has_the_contract_columns(lake: tuple[Path, SynthResult
         "request_events": "event_id ts merchant_id terminal_id idempotency_key endpoint "
         "outcome http_status attempt network latency_ms",
         "transactions": "transaction_id merchant_id terminal_id type amount currency "
-        "card_fingerprint status created_at processed_at reversed_at",
+        "card_fingerprint status created_at processed_at reversed_at "
+        "offline captured_at duplicate_override",  # the last three: lake schema 2
         "ledger_entries": "entry_id transaction_id merchant_id amount currency kind created_at",
     }
     for table, columns in names.items():
@@ -123,7 +130,14 @@ def test_daily_audit_under_spark_submit_and_the_cli_agree(
         assert (out / name).read_text().splitlines()[0] == header, name
     summary = _rows(out / "daily_summary.csv")
     assert pq.read_table(out / "daily_summary").num_rows == len(summary)
-    for folder in ("terminal_ranking", "suspected_double_charges", "exactly_once_violations"):
+    for folder in (
+        "terminal_ranking",
+        "suspected_double_charges",
+        "exactly_once_violations",
+        "offline_summary",
+        "offline_terminals",
+        "duplicate_guard",
+    ):
         assert (out / folder).is_dir()
 
     # Only the range, three merchants and the fleet row per day.
