@@ -4,13 +4,17 @@ migration (0010) goes down and up again."""
 
 from __future__ import annotations
 
+import uuid
+
 from alembic import command
 from typer.testing import CliRunner, Result
 
 from api.cli import app
 from api.config import Settings
 from api.migrate import alembic_config, migrate
+from tests.api.conftest import Deployment
 from tests.support.backend import Backend
+from tests.support.client import Api, assert_problem, body
 
 
 def idempay(backend: Backend, *args: str) -> Result:
@@ -77,3 +81,27 @@ def test_migration_0010_goes_down_and_up(private_backend: Backend) -> None:
             "SELECT idempay_duplicate_of('m', 't', 'f', 1, 'BRL', now(), now(), 'k', 7)"
         )
         assert found == [(None,)]
+
+
+def test_a_real_server_obeys_the_command(deployment: Deployment) -> None:
+    """The operator's command, then a real server (uvicorn, the lean route): a merchant
+    whose guard the command turned on before its key's first request is guarded, with the
+    shape of the answer the SDK relies on; a replay of the override replays."""
+    backend = deployment.backend
+    merchant = f"guard-real-{uuid.uuid4().hex[:8]}"
+    api = Api(deployment.server.url, backend.api_key(merchant))
+    assert idempay(backend, merchant, "--window", "60").exit_code == 0
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    assert api.create(first).status_code == 201
+    refused = api.create(second)
+    problem = assert_problem(refused, 409, "suspected_duplicate")
+    assert problem["duplicate_of"] == first
+    assert refused.headers["Idempotency-Status"] == "not_found"
+    assert api.lookup(second).status_code == 404
+    confirmed = api.create(second, body(allow_duplicate=True))
+    assert confirmed.status_code == 201, confirmed.text
+    replay = api.create(second)
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.content == confirmed.content
+    rows = backend.sql('SELECT duplicate_override FROM "transaction" WHERE id = :k', k=second)
+    assert [bool(row[0]) for row in rows] == [True]
