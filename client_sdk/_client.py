@@ -89,6 +89,11 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
         """Sell: charge ``amount`` (minor units of ``currency``, e.g. 1250 BRL = R$ 12.50)
         to ``card`` (a ``Card`` or a ``{"token", "last4", "brand"}`` mapping), exactly once.
 
+        Keyword arguments (``PurchaseArgs``, shared with ``AsyncClient``): ``amount``,
+        ``currency``, ``card`` (required); ``deadline_s=60``, ``installments=None``,
+        ``metadata=None``, ``captured_at=None`` (now), ``reverse_late_approval=False``,
+        ``allow_duplicate=False``. A missing or unknown one is a ``TypeError``.
+
         The key is minted and the request journaled before the first byte leaves; a lost
         answer is resolved by key (lookup, resend with the same key), and at
         ``deadline_s`` the key is aborted. With ``reverse_late_approval`` an approval
@@ -107,17 +112,17 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
         ``PaymentAbortedError`` (definitive: never charged; ``OfflineLimitError`` when the
         server was unreachable and the offline policy refused it; ``SuspectedDuplicateError``
         when the duplicate guard refused it as a repeat of ``duplicate_of`` — the key is
-        fenced), ``PaymentInDoubtError``
-        (no definitive answer could be recorded; ``recover()`` settles it later), an
-        ``APIError`` subclass for a request the server refused (e.g.
-        ``ValidationFailedError``), ``ValueError`` for a bad argument.
+        fenced), ``PaymentInDoubtError`` (no definitive answer could be recorded;
+        ``recover()`` settles it later), an ``APIError`` subclass for a request the server
+        refused (e.g. ``ValidationFailedError``), ``ValueError`` for a bad argument.
         """
         allow_duplicate = payment.pop("allow_duplicate", False)
         return self._sell("purchase", payment, allow_duplicate=allow_duplicate)
 
     def refund(self, **payment: Unpack[PaymentArgs]) -> Transaction:
-        """Refund ``amount`` to ``card``: the same guarantees, arguments, result and
-        errors as ``purchase`` (a refund is never accepted offline, nor guarded)."""
+        """Refund ``amount`` to ``card``: the same guarantees, arguments (``PaymentArgs``:
+        all of ``purchase``'s but ``allow_duplicate``), result and errors as ``purchase``
+        (a refund is never accepted offline, nor guarded)."""
         return self._sell("refund", payment)
 
     def lookup(self, id: str) -> Transaction | Processing:
