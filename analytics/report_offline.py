@@ -84,7 +84,15 @@ def top_offline_terminals(data: AuditData) -> Rows:
         }
         for (merchant, terminal, currency), t in sums.items()
     ]
-    ranked.sort(key=lambda r: (-r["offline_transactions"], -r["offline_amount_at_risk"]))
+    ranked.sort(
+        key=lambda r: (
+            -r["offline_transactions"],
+            -r["offline_amount_at_risk"],
+            r["merchant_id"],
+            r["terminal_id"],
+            r["currency"],
+        )
+    )
     return ranked[:TOP_TERMINALS]
 
 
@@ -174,5 +182,6 @@ def duplicate_guard_section(data: AuditData) -> str:
         '(<code>"allow_duplicate": true</code>; an overridden duplicate is still listed '
         "among the suspected double charges).</p>"
         + f'<div id="duplicate-guard">{table(fleet, [day, *columns], "No days.")}</div>'
+        + '<p class="muted">By merchant, over the range:</p>'
         + table(per_merchant, [merchant, *columns], "No block or override in the range.")
     )
