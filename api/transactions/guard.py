@@ -22,9 +22,10 @@ Races: two new keys for the same sale racing each other serialize on the advisor
 (merchant, terminal, card, amount, currency) on Postgres — taken only when the guard is on,
 released at commit, so the second one sees the first's committed transaction — and on the
 single SQLite writer. A sale whose issuer does not answer inline (the phased path) is checked
-when its key is claimed, before the issuer call: two such sales racing while both are still
-at the issuer are not seen by each other (neither has a transaction yet); the next day's
-audit still reports the pair as a suspected double charge.
+when its key is claimed, before the issuer call, but is itself invisible to the guard until
+its transaction is written: another sale of the same card made while it is still at the
+issuer is not blocked by it. The next day's audit still reports the pair as a suspected
+double charge.
 """
 
 from __future__ import annotations
