@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+from api.events.writer import CITUS_INSERTS, COLUMNS, by_merchant
 from tests.support.backend import Backend
 from tests.support.citus import CitusCluster, execute_sync, query, wait_until
 from tests.support.client import Api, new_key
 
 PER_WORKER = 2
+MERCHANT = COLUMNS.index("merchant_id")
 
 
 def _spread(backend: Backend, url: str, dsn: str) -> dict[int, dict[str, Api]]:
@@ -136,3 +138,22 @@ def test_request_events_land_by_merchant_and_a_dead_worker_holds_back_only_its_o
         sorted(apis),
     )
     assert {row[0]: row[1] for row in errors} == dict.fromkeys(on_victim, 2), errors
+
+
+def test_a_batch_splits_into_one_merchants_chunks_of_known_sizes() -> None:
+    """The writer's Citus statements: every row once, in its merchant's order, each chunk
+    one merchant's rows and one of the seven prepared sizes (no cluster needed)."""
+    counts = {"m-a": 1, "m-b": 3, "m-c": 77, "m-d": 130, "m-e": 64}
+    rows = [(f"{m}-{n:03d}", None, m) for m, count in counts.items() for n in range(count)]
+    rows = rows[::2] + rows[1::2]  # merchants interleaved, as a queue holds them
+    chunks = by_merchant(rows)
+    assert all(len(chunk) in CITUS_INSERTS for chunk in chunks)
+    assert all(len({row[MERCHANT] for row in chunk}) == 1 for chunk in chunks)
+    flat = [row for chunk in chunks for row in chunk]
+    assert sorted(flat) == sorted(rows)
+    for merchant in counts:
+        assert [r for r in flat if r[MERCHANT] == merchant] == [
+            r for r in rows if r[MERCHANT] == merchant
+        ]
+    assert [len(c) for c in chunks if c[0][MERCHANT] == "m-d"] == [64, 64, 2]
+    assert [len(c) for c in chunks if c[0][MERCHANT] == "m-c"] == [64, 8, 4, 1]
