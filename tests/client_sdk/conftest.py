@@ -3,7 +3,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -12,6 +12,38 @@ from client_sdk import AsyncClient, Client
 # the helpers next to this file import the same way under any pytest import mode
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_idempay import API_KEY, FakeClock, FakeIdempay  # noqa: E402
+
+if TYPE_CHECKING:  # the unit lane never starts a server: these load only in the fixtures
+    from idempay_tools.chaos_proxy import ProxyThread
+    from tests.support.backend import Backend
+    from tests.support.services import Server
+
+
+@pytest.fixture(scope="module")
+def server(backend: Backend) -> Iterator[Server]:
+    """The real server (a uvicorn process), on each backend in turn, for a module's tests."""
+    running = backend.server()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_server(pg_backend: Backend) -> Iterator[Server]:
+    """The real server on Postgres only, for a module's tests."""
+    running = pg_backend.server()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def proxy(pg_server: Server) -> Iterator[ProxyThread]:
+    """The chaos proxy, lossless until told otherwise, in front of ``pg_server``."""
+    from idempay_tools.chaos_proxy import ChaosProxy
+
+    thread = ChaosProxy(target_host="127.0.0.1", target_port=pg_server.port, loss=0.0)
+    running = thread.run_in_thread()
+    yield running
+    running.stop()
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ settled as approved.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,26 +26,11 @@ from integration_db import Merchant, journal_entries, wait_for
 from integration_terminal import killed, recovered, terminal
 
 from client_sdk import JournalEntry, JournalState
-from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.chaos_proxy import ProxyThread
 from tests.support.backend import Backend
-from tests.support.services import Server
 
 HOLD_ORIGINAL_S = 10.0
 WINDOWS = ["before_send", "after_send", "after_commit"]
-
-
-@pytest.fixture(scope="module")
-def server(pg_backend: Backend) -> Iterator[Server]:
-    server = pg_backend.server()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def proxy(server: Server) -> Iterator[ProxyThread]:
-    thread = ChaosProxy(target_host="127.0.0.1", target_port=server.port, loss=0.0).run_in_thread()
-    yield thread
-    thread.stop()
 
 
 def only_entry(journal: Path) -> JournalEntry | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -26,20 +25,13 @@ CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 SKEW_S = -180.0  # the terminal's clock is three minutes behind
 
 
-@pytest.fixture(scope="module")
-def server(pg_backend: Backend) -> Iterator[Server]:
-    running = pg_backend.server()
-    yield running
-    running.stop()
-
-
 @pytest.mark.parametrize(
     "skew_s",
     [SKEW_S, 900.0, -40 * 86_400.0],
     ids=["3-min-behind", "15-min-ahead", "40-days-behind"],
 )
 def test_a_terminal_booting_with_its_clock_off_sells_its_very_first_payment(
-    pg_backend: Backend, server: Server, tmp_path: Path, skew_s: float
+    pg_backend: Backend, pg_server: Server, tmp_path: Path, skew_s: float
 ) -> None:
     """contract §4: a terminal whose clock is off still sells — its first payment after a boot
     too. A new client used to mint the first key and captured_at on the raw device clock:
@@ -47,7 +39,7 @@ def test_a_terminal_booting_with_its_clock_off_sells_its_very_first_payment(
     clock_skew (the make chaos run saw it on each reboot), 40 days behind → 410."""
     merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
     with Client(
-        server.url,
+        pg_server.url,
         merchant.api_key,
         terminal_id="T-SKEW",
         journal=tmp_path / "pos.db",
@@ -67,13 +59,13 @@ def test_a_terminal_booting_with_its_clock_off_sells_its_very_first_payment(
 
 
 def test_a_terminal_clock_ahead_sends_every_time_on_the_servers_clock(
-    pg_backend: Backend, server: Server, tmp_path: Path
+    pg_backend: Backend, pg_server: Server, tmp_path: Path
 ) -> None:
     """contract §4: captured_at, expires_at and the UUIDv7 time all follow the learned offset
     (the server refuses a captured_at or key time too far ahead: 422 clock_skew)."""
     merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
     with Client(
-        server.url,
+        pg_server.url,
         merchant.api_key,
         terminal_id="T-AHEAD",
         journal=tmp_path / "pos.db",
@@ -95,13 +87,13 @@ def test_a_terminal_clock_ahead_sends_every_time_on_the_servers_clock(
 
 
 def test_a_terminal_clock_forty_days_behind_sells_once_it_has_heard_the_server(
-    pg_backend: Backend, server: Server, tmp_path: Path
+    pg_backend: Backend, pg_server: Server, tmp_path: Path
 ) -> None:
     """Issue 14 item 6: captured_at used to be the raw device clock — 40 days old, past
     the retention window — so every payment was fenced as expired."""
     merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
     with Client(
-        server.url,
+        pg_server.url,
         merchant.api_key,
         terminal_id="T-BEHIND",
         journal=tmp_path / "pos.db",

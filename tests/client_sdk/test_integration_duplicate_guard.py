@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,11 +33,13 @@ SALE = {"amount": 3150, "currency": "BRL", "card": CARD, "deadline_s": 30}
 WINDOW_S = 120
 
 
-@pytest.fixture(scope="module")
-def server(backend: Backend) -> Iterator[Server]:
-    running = backend.server()
-    yield running
-    running.stop()
+def terminal(tmp_path: Path) -> dict[str, Any]:
+    """The terminal's settings, the same for both clients."""
+    return {
+        "terminal_id": "T-GUARD",
+        "journal": tmp_path / "pos.db",
+        "retry": RetryPolicy(base=0.02, cap=0.2),
+    }
 
 
 def guarded_merchant(backend: Backend, name: str) -> Merchant:
@@ -54,13 +56,7 @@ def test_a_sale_rung_up_twice_is_refused_fenced_and_can_be_overridden(
     backend: Backend, server: Server, tmp_path: Path
 ) -> None:
     merchant = guarded_merchant(backend, "guard-sdk")
-    with Client(
-        server.url,
-        merchant.api_key,
-        terminal_id="T-GUARD",
-        journal=tmp_path / "pos.db",
-        retry=RetryPolicy(base=0.02, cap=0.2),
-    ) as pos:
+    with Client(server.url, merchant.api_key, **terminal(tmp_path)) as pos:
         first = pos.purchase(**SALE)
         with pytest.raises(SuspectedDuplicateError) as caught:
             pos.purchase(**SALE)
@@ -101,13 +97,7 @@ def test_the_async_client_is_refused_and_overrides_the_same(
     merchant = guarded_merchant(backend, "guard-sdk-async")  # (the backend's helpers block)
 
     async def sell() -> tuple[Transaction, SuspectedDuplicateError, Transaction, Transaction]:
-        async with AsyncClient(
-            server.url,
-            merchant.api_key,
-            terminal_id="T-GUARD",
-            journal=tmp_path / "pos.db",
-            retry=RetryPolicy(base=0.02, cap=0.2),
-        ) as pos:
+        async with AsyncClient(server.url, merchant.api_key, **terminal(tmp_path)) as pos:
             first = await pos.purchase(**SALE)
             with pytest.raises(SuspectedDuplicateError) as caught:
                 await pos.purchase(**SALE)

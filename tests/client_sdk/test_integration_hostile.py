@@ -15,7 +15,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,27 +22,13 @@ import pytest
 from integration_db import Merchant, journal_entries
 
 from client_sdk import Client, JournalState, RetryPolicy
-from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
+from idempay_tools.chaos_proxy import ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
 
 CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 TERMINAL = Path(__file__).with_name("integration_terminal.py")
 CREATE = "POST /v1/transactions "
-
-
-@pytest.fixture(scope="module")
-def server(pg_backend: Backend) -> Iterator[Server]:
-    running = pg_backend.server()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def proxy(server: Server) -> Iterator[ProxyThread]:
-    thread = ChaosProxy(target_host="127.0.0.1", target_port=server.port, loss=0.0).run_in_thread()
-    yield thread
-    thread.stop()
 
 
 class Rewriting(httpx.BaseTransport):
@@ -78,11 +63,11 @@ class Rewriting(httpx.BaseTransport):
 
 @pytest.mark.parametrize("kind", ["purchase", "refund"])
 def test_a_mangled_gzip_201_leaves_the_payment_in_doubt_and_it_is_resolved(
-    pg_backend: Backend, server: Server, tmp_path: Path, kind: str
+    pg_backend: Backend, pg_server: Server, tmp_path: Path, kind: str
 ) -> None:
     merchant = Merchant.create(pg_backend, f"gzip-{uuid.uuid4().hex[:8]}")
     with Client(
-        server.url,
+        pg_server.url,
         merchant.api_key,
         terminal_id="T-GZIP",
         journal=tmp_path / "pos.db",

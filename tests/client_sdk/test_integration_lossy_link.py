@@ -8,7 +8,6 @@ import asyncio
 import io
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,20 +24,13 @@ TERMINALS = 20
 PAYMENTS_EACH = 100
 
 
-@pytest.fixture(scope="module")
-def server(pg_backend: Backend) -> Iterator[Server]:
-    server = pg_backend.server()
-    yield server
-    server.stop()
-
-
 @pytest.mark.parametrize("loss", [0.035, 0.20], ids=["loss-3.5pct", "loss-20pct"])
 def test_every_payment_ends_definitive_and_is_processed_exactly_once(
-    pg_backend: Backend, server: Server, tmp_path: Path, loss: float
+    pg_backend: Backend, pg_server: Server, tmp_path: Path, loss: float
 ) -> None:
     merchant = Merchant.create(pg_backend, f"lossy-{uuid.uuid4().hex[:8]}")
     config = FleetConfig(
-        base_url=server.url,
+        base_url=pg_server.url,
         api_key=merchant.api_key,
         workdir=tmp_path,
         terminals=TERMINALS,

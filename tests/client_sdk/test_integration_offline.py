@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -66,13 +65,6 @@ class Link(httpx.BaseTransport):
 
     def close(self) -> None:
         self.inner.close()
-
-
-@pytest.fixture(scope="module")
-def server(backend: Backend) -> Iterator[Server]:
-    server = backend.server()
-    yield server
-    server.stop()
 
 
 def terminal(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,13 +26,6 @@ from tests.support.backend import Backend
 from tests.support.services import Server
 
 HOLD_S = 8.0
-
-
-@pytest.fixture(scope="module")
-def server(backend: Backend) -> Iterator[Server]:
-    server = backend.server()
-    yield server
-    server.stop()
 
 
 def stored(journal: Path) -> JournalEntry | None:
