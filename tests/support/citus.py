@@ -11,7 +11,6 @@ directory, never by name; the machine's shared PostgreSQL is never touched.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import re
 import subprocess
@@ -232,34 +231,6 @@ def explain(dsn: str, statement: LoggedStatement) -> str:
             await conn.close()
 
     return asyncio.run(run())
-
-
-# ------------------------------------------- the create-path change Citus still waits for
-def pending_code_changes() -> list[str]:
-    """What the code outside this suite's reach must still change for every hot-path
-    statement to be single-shard (docs/scaling.md, "Citus: what the code must change")."""
-    from api.events import writer
-    from api.transactions import issuer, pg_create
-
-    pending = []
-    if "citus" not in inspect.getsource(pg_create).lower():
-        pending.append(
-            "pg_create runs its one-statement create on Citus, whose INSERT steps reach every "
-            "worker (one down fails every merchant)"
-        )
-    if not re.search(r"INSERT INTO issuer_authorization \(merchant_id", pg_create.CREATE):
-        pending.append("pg_create.CREATE writes issuer_authorization without merchant_id")
-    if "merchant_id" not in inspect.getsource(issuer.SimulatedIssuer):
-        pending.append("issuer.py reads and writes issuer_authorization without merchant_id")
-    statements = inspect.getsource(writer).split('"""', 2)[-1]  # not the docstring
-    if 'index_elements=["event_id"]' in statements or "ON CONFLICT (event_id)" in statements:
-        pending.append(
-            "events/writer.py inserts ON CONFLICT (event_id), not (merchant_id, event_id)"
-        )
-    return pending
-
-
-PENDING_CODE_CHANGES = pending_code_changes()
 
 
 def wait_until(predicate: Any, what: str, timeout: float = 60.0, every: float = 0.1) -> Any:
