@@ -91,8 +91,9 @@ class Merchant:
             counts[name] = int(rows[0][0])
         return counts
 
-    async def create_events(self, key: str) -> list[tuple[str, int]]:
-        """(outcome, http_status) of the key's create request events, once written."""
+    async def create_events(self, key: str, count: int = 1) -> list[tuple[str, int]]:
+        """(outcome, http_status) of the key's create request events, once ``count`` of
+        them are written (the event writer flushes in batches)."""
 
         async def probe() -> list[tuple[str, int]]:
             rows = await self.sql(
@@ -102,7 +103,12 @@ class Merchant:
             )
             return [(str(outcome), int(status)) for outcome, status in rows]
 
-        return await eventually_async(probe, what=f"the create events of {key}", timeout=10)
+        return await eventually_async(
+            probe,
+            what=f"{count} create events of {key}",
+            until=lambda rows: len(rows) >= count,
+            timeout=10,
+        )
 
 
 @pytest.fixture(
