@@ -130,7 +130,9 @@ def blocked(duplicate_of: str, terminal_id: str) -> Outcome:
     error = SuspectedDuplicateError(
         f"An approved purchase of the same card, amount and terminal was made moments ago "
         f"({duplicate_of}); nothing was stored or charged. Resend the same request with the "
-        'same key and "allow_duplicate": true if the customer confirms a second payment.',
+        'same key and "allow_duplicate": true if the customer confirms a second payment (the '
+        "idempay SDK fences this key and sends the confirmed payment under a new one: "
+        "contract §4.13).",
         extra={"duplicate_of": duplicate_of},
     )
     return from_error(
