@@ -55,6 +55,10 @@ CONTRACT = {
         ("created_at", "timestamp[us, tz=UTC]"),
         ("processed_at", "timestamp[us, tz=UTC]"),
         ("reversed_at", "timestamp[us, tz=UTC]"),
+        # lake schema 2, after the contract's columns (contract §5.1: additive, not contract)
+        ("offline", "bool"),
+        ("captured_at", "timestamp[us, tz=UTC]"),
+        ("duplicate_override", "bool"),
     ],
     "ledger_entries": [
         ("entry_id", "string"),
