@@ -113,6 +113,8 @@ def audit_command(
         console.print("[bold red]exactly-once violations found: see the report's banner[/]")
     for warning in result.warnings:
         console.print(describe(warning), style="bold yellow", markup=False, highlight=False)
+    for note in result.notes:  # not damage (an older schema's partition): --strict ignores
+        console.print(describe(note, what="lake note"), markup=False, highlight=False)
     if strict and result.warnings:
         raise typer.Exit(1)
 
@@ -160,5 +162,10 @@ def synth_command(
     )
     typer.echo(
         f"planted: {len(result.planted_double_charges)} new-key double charges, "
-        f"{result.planted_violations} exactly-once violations"
+        f"{result.planted_violations} exactly-once violations, "
+        f"{len(result.planted_offline)} offline sales "
+        f"({sum(s.declined for s in result.planted_offline)} declined, "
+        f"{sum(s.forwarded_after_day_end for s in result.planted_offline)} forwarded after "
+        f"day end), {len(result.planted_blocks)} duplicate-guard blocks, "
+        f"{len(result.planted_overrides)} overrides"
     )
