@@ -17,7 +17,10 @@ issuer timeout, and one merchant's flood of such keys must not delay anyone else
   another's);
 * a tick admits work into free slots without waiting for the re-drives already running;
 * a key whose issuer keeps not answering backs off (doubling, up to ``BACKOFF_MAX_SECONDS``,
-  never past its deadline, so it is still voided and fenced on time).
+  never past its deadline, so it is still voided and fenced on time); an advice has no
+  deadline to keep, and its backoff is also written to its lease (``lease_until``), so a
+  merchant's advices waiting out an issuer outage are not read as due and never crowd its
+  other keys out of the due read.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ import functools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import structlog
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from api.db import utcnow
+from api.db import atomic, utcnow
 from api.idempotency import store
 from api.idempotency.store import KeyRecord, KeyState
 from api.metrics import RECOVERIES
@@ -155,13 +158,27 @@ class Completer:
             for key in [k for k, (_n, at) in self._backoff.items() if at < now]:
                 del self._backoff[key]
 
-    def _back_off(self, record: KeyRecord) -> None:
+    def _back_off(self, record: KeyRecord, *, advice: bool = False) -> float:
         key = (record.merchant_id, record.key)
         failures = self._backoff.get(key, (0, 0.0))[0] + 1
-        delay = min(BACKOFF_MAX_SECONDS, self.interval * 2 ** min(failures, 16))
-        if record.deadline_at is not None:  # still voided and fenced on time
+        delay = min(BACKOFF_MAX_SECONDS, self.interval * 2.0 ** min(failures, 16))
+        if record.deadline_at is not None and not advice:  # still voided and fenced on time
             delay = min(delay, max(0.0, (record.deadline_at - utcnow()).total_seconds()))
         self._backoff[key] = (failures, time.monotonic() + delay)
+        return delay
+
+    async def _hold_advice(self, record: KeyRecord, delay: float) -> None:
+        """An advice the issuer did not answer: its lease (ours, the take-over's token) runs
+        until the backoff ends, so it is not due — nor read — before then."""
+        until = utcnow() + timedelta(seconds=delay)
+        async with atomic(self.service.engine) as conn:
+            await store.release(
+                conn,
+                merchant_id=record.merchant_id,
+                key=record.key,
+                token=record.lease_token + 1,
+                until=until,
+            )
 
     async def _recover(self, record: KeyRecord) -> None:
         try:
@@ -172,7 +189,13 @@ class Completer:
         if recovered.result == Recovered.LOST:
             return
         if recovered.result == Recovered.PENDING:
-            self._back_off(record)
+            advice = recovery.is_advice(record)
+            delay = self._back_off(record, advice=advice)
+            if advice:
+                try:
+                    await self._hold_advice(record, delay)
+                except Exception as exc:  # storage down: due again at once, backed off here
+                    log.warning("advice_hold_failed", error=type(exc).__name__, key=record.key)
         else:
             self._backoff.pop((record.merchant_id, record.key), None)
         self._count(recovered.result, record)

@@ -6,7 +6,9 @@ The one place that takes over an expired lease, used by the completer
 
 take over  a compare-and-set on the lease token: of any number of takers exactly one wins,
            and the previous owner's final write (guarded by its old token) is refused;
-settle     past the issuer deadline a key is not re-driven: it is fenced;
+settle     past the issuer deadline a key is not re-driven: it is fenced — except an offline
+           advice (``entry_mode: offline``): the terminal already sold and the customer has
+           the goods, so the server never fences it; it is re-driven until the issuer answers;
 re-drive   phases 2–3 again with the same derived issuer key (the issuer never authorizes
            twice for one key), through ``TransactionService.drive``;
 fence      the owner turns the key into an ``aborted`` tombstone and voids the issuer call,
@@ -47,6 +49,16 @@ class Recovery:
     outcome: Outcome | None = None  # the re-drive's answer (COMPLETED, PENDING)
 
 
+def is_advice(record: KeyRecord) -> bool:
+    """The key holds an offline advice (contract §2.2, §4.12): never fenced by the server."""
+    if not record.request:
+        return False
+    try:
+        return TransactionCreate.model_validate_json(record.request).is_advice
+    except ValueError:
+        return False
+
+
 async def take_over(service: TransactionService, record: KeyRecord, *, now: datetime) -> int | None:
     """The key's new lease token, or None when another taker (or a finish) got there first."""
     async with atomic(service.engine) as conn:
@@ -56,11 +68,13 @@ async def take_over(service: TransactionService, record: KeyRecord, *, now: date
 async def settle(
     service: TransactionService, record: KeyRecord, token: int, now: datetime
 ) -> int | None:
-    """Past the issuer deadline, void the issuer call and fence the key as aborted.
+    """Past the issuer deadline, void the issuer call and fence the key as aborted — never an
+    offline advice: the terminal sold it long ago, a fence would lose the sale for good; it
+    is re-driven with the same derived issuer key (backing off) until the issuer answers.
 
     Returns the token when the key is still ours to drive, None when it was settled.
     """
-    if record.deadline_at is None or now < record.deadline_at:
+    if record.deadline_at is None or now < record.deadline_at or is_advice(record):
         return token
     await fence(service, record, token)
     return None
@@ -95,7 +109,15 @@ async def fence(
     then lose the key — found by the SPIN model, docs/protocol/). A remote acquirer
     connector that cannot enlist voids from the ``transaction.aborted`` outbox event.
     False when the token was no longer ours (nothing changed). ``reason``: an operator's,
-    recorded in the outbox event."""
+    recorded in the outbox event.
+
+    An offline advice is never fenced by a client's abort (``reason`` None: the HTTP route):
+    the terminal already sold (contract §2.4, §4.12) — False, nothing changed; the key stays
+    the server's, re-driven until the issuer answers. An operator's fence (``idempay admin
+    key fence``, with its ``reason``) still fences it: the deliberate way out of an issuer
+    that will never answer, reconciled by the merchant."""
+    if reason is None and is_advice(record):
+        return False
     now = utcnow()
     request = TransactionCreate.model_validate_json(record.request or "{}")
     async with atomic(service.engine) as conn:

@@ -1,0 +1,207 @@
+"""Review finding A (issue 16, contract §2.2, §4.12): the server's own issuer-deadline fence
+must never apply to an offline advice — the terminal already sold, the customer has the goods.
+
+Before the fix, a forwarded advice whose issuer did not answer within
+``IDEMPAY_ISSUER_DEADLINE`` was voided and fenced ``aborted`` by the completer, and the
+stored sale was lost for good. These tests drive the completer directly, on both backends,
+with an issuer that is down, then comes back: the advice stays ``processing`` past its
+deadline, is re-driven with the same derived issuer key, and completes once the issuer
+answers. An online key past its deadline is still voided and fenced (unchanged), a client's
+abort of an in-flight advice is refused (409), and an operator's fence still fences it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from api.config import Settings
+from api.db import atomic, create_engine, utcnow
+from api.idempotency import store
+from api.idempotency.completer import Completer
+from api.idempotency.keys import body_fingerprint
+from api.idempotency.store import KeyRecord
+from api.transactions import recovery, resolution
+from api.transactions.issuer import Authorization, AuthorizationRequest, SimulatedIssuer
+from api.transactions.recovery import Recovered
+from api.transactions.schemas import TransactionCreate
+from api.transactions.service import TransactionService
+from tests.support.backend import Backend
+from tests.support.client import body, card
+
+
+class OutageIssuer(SimulatedIssuer):
+    """The simulator, except that it never answers while ``down`` (an issuer outage); back
+    up, it answers as the simulator does for an approving token."""
+
+    down = True
+
+    async def authorize(
+        self, request: AuthorizationRequest, *, conn: AsyncConnection | None = None
+    ) -> Authorization:
+        if self.down:
+            await asyncio.Event().wait()
+        return await super().authorize(dataclasses.replace(request, card_token="tok_ok"), conn=conn)
+
+
+@pytest.fixture
+async def service(backend: Backend) -> AsyncIterator[TransactionService]:
+    settings = Settings(
+        database_url=backend.database_url,
+        var_dir=backend.tmp / "var",
+        db_pool_size=2,  # Postgres is shared
+        issuer_slow_seconds=0.0,
+        issuer_timeout=0.3,
+        lease_seconds=30.0,
+        issuer_deadline=60.0,
+        redis_url=None,
+    )
+    engine = create_engine(settings)
+    try:
+        yield TransactionService(engine, OutageIssuer(engine, slow_seconds=0.0), settings)
+    finally:
+        await engine.dispose()
+
+
+def _payment(*, advice: bool) -> TransactionCreate:
+    extra: dict[str, Any] = {}
+    if advice:
+        captured = datetime.now(UTC) - timedelta(minutes=30)
+        extra = {"entry_mode": "offline", "captured_at": captured.isoformat()}
+    return TransactionCreate.model_validate(body(card=card("tok_issuer_down"), **extra))
+
+
+async def _past_deadline(service: TransactionService, payment: TransactionCreate) -> KeyRecord:
+    """A key claimed 2 minutes ago (its issuer deadline, 60 s, long past) whose owner is gone
+    (lease expired): what the completer finds after an issuer outage."""
+    merchant, key = f"mer_adv_{uuid.uuid4().hex[:12]}", str(uuid.uuid4())
+    claimed_at = utcnow() - timedelta(minutes=2)
+    async with atomic(service.engine) as conn:
+        assert await store.claim(
+            conn,
+            merchant_id=merchant,
+            key=key,
+            fingerprint=body_fingerprint(payment),
+            request=payment.stored_request(),
+            terminal_id=payment.terminal_id,
+            now=claimed_at,
+            lease_s=1.0,
+            deadline_s=service.settings.issuer_deadline,
+        )
+    record = await service.read(merchant, key)
+    assert record is not None and record.deadline_at is not None
+    assert record.deadline_at < utcnow() and not record.lease_live(utcnow())
+    return record
+
+
+async def _lease_runs_out(service: TransactionService, record: KeyRecord) -> None:
+    async with atomic(service.engine) as conn:
+        await conn.execute(
+            text(
+                "UPDATE idempotency_key SET lease_until = :t"
+                " WHERE merchant_id = :m AND key = :k AND state = 'processing'"
+            ),
+            {"t": utcnow() - timedelta(seconds=1), "m": record.merchant_id, "k": record.key},
+        )
+
+
+async def _count(service: TransactionService, statement: str, **params: Any) -> int:
+    async with service.engine.connect() as conn:
+        return int((await conn.execute(text(statement), params)).scalar_one())
+
+
+def _completer(service: TransactionService) -> Completer:
+    return Completer(service, interval=0.05, slots=4)
+
+
+async def test_an_advice_past_the_issuer_deadline_is_not_fenced_and_completes_later(
+    service: TransactionService,
+) -> None:
+    assert isinstance(service.issuer, OutageIssuer)
+    record = await _past_deadline(service, _payment(advice=True))
+    completer = _completer(service)
+    assert await completer.run_once() == 1
+    assert completer.recovered[Recovered.ABORTED] == 0
+    assert completer.recovered[Recovered.PENDING] == 1
+    now = await service.must_read(record.merchant_id, record.key)
+    assert now.state == "processing"  # not fenced: the terminal already sold
+    # its backoff is held in its lease: not due (nor read) again before then
+    assert now.lease_until is not None and now.lease_until > utcnow()
+    assert await completer.run_once() == 0
+    # the outage goes on: due again, re-driven again, still never fenced
+    await _lease_runs_out(service, record)
+    completer._backoff.clear()
+    assert await completer.run_once() == 1
+    assert completer.recovered[Recovered.ABORTED] == 0
+    assert (await service.must_read(record.merchant_id, record.key)).state == "processing"
+    # the issuer is back: the next re-drive (same derived issuer key) completes the sale
+    service.issuer.down = False
+    await _lease_runs_out(service, record)
+    completer._backoff.clear()
+    assert await completer.run_once() == 1
+    assert completer.recovered[Recovered.COMPLETED] == 1
+    done = await service.must_read(record.merchant_id, record.key)
+    assert done.state == "completed"
+    where = {"m": record.merchant_id, "k": record.key}
+    txn = 'SELECT COUNT(*) FROM "transaction" WHERE merchant_id = :m AND id = :k'
+    assert await _count(service, txn + " AND offline AND status = 'approved'", **where) == 1
+    charge = (
+        "SELECT COUNT(*) FROM ledger_entry WHERE merchant_id = :m"
+        " AND transaction_id = :k AND kind = 'charge'"
+    )
+    assert await _count(service, charge, **where) == 1
+    issuer_key = service.issuer_key(record.merchant_id, record.key)
+    voided = (
+        "SELECT COUNT(*) FROM issuer_authorization WHERE merchant_id = :m"
+        " AND issuer_key = :i AND result = 'voided'"
+    )
+    assert await _count(service, voided, m=record.merchant_id, i=issuer_key) == 0
+
+
+async def test_an_online_key_past_the_issuer_deadline_is_still_voided_and_fenced(
+    service: TransactionService,
+) -> None:
+    record = await _past_deadline(service, _payment(advice=False))
+    completer = _completer(service)
+    assert await completer.run_once() == 1
+    assert completer.recovered[Recovered.ABORTED] == 1
+    assert (await service.must_read(record.merchant_id, record.key)).state == "aborted"
+
+
+async def test_a_retry_of_an_advice_past_its_deadline_is_not_fenced(
+    service: TransactionService,
+) -> None:
+    """The other way into recovery: a create's retry finds the expired lease
+    (``TransactionService.existing``) — the forwarding terminal's own resend."""
+    record = await _past_deadline(service, _payment(advice=True))
+    recovered = await recovery.recover(service, record, now=utcnow())
+    assert recovered.result == Recovered.PENDING
+    assert (await service.must_read(record.merchant_id, record.key)).state == "processing"
+
+
+async def test_a_clients_abort_never_fences_an_advice_an_operators_does(
+    service: TransactionService,
+) -> None:
+    record = await _past_deadline(service, _payment(advice=True))
+    refused = await resolution.abort(service, record.merchant_id, record.key)
+    assert refused.status == 409, refused.body
+    assert (await service.must_read(record.merchant_id, record.key)).state == "processing"
+    online = await _past_deadline(service, _payment(advice=False))
+    fenced = await resolution.abort(service, online.merchant_id, online.key)
+    assert fenced.status == 200 and b"aborted" in fenced.body
+    again = await service.must_read(record.merchant_id, record.key)
+    await _lease_runs_out(service, again)
+    again = await service.must_read(record.merchant_id, record.key)
+    by_operator = await resolution.abort(
+        service, again.merchant_id, again.key, reason="issuer gone for good"
+    )
+    assert by_operator.status == 200 and b"aborted" in by_operator.body
+    assert (await service.must_read(record.merchant_id, record.key)).state == "aborted"
