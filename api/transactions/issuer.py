@@ -21,7 +21,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api.db import atomic, insert_if_absent, utcnow
@@ -73,6 +73,15 @@ class Issuer(Protocol):
         issuer enlists in ``conn`` so the void commits with the fence, or not at all."""
 
 
+# A legacy record (merchant '') moves to its merchant unless the merchant has one already.
+ADOPT = text(
+    "UPDATE issuer_authorization SET merchant_id = :m WHERE merchant_id = '' AND issuer_key = :k"
+    " AND NOT EXISTS (SELECT 1 FROM issuer_authorization WHERE merchant_id = :m"
+    " AND issuer_key = :k)"
+)
+CITUS = "SELECT 1 FROM pg_extension WHERE extname = 'citus'"
+
+
 def derive_issuer_key(secret: str, merchant_id: str, key: str) -> str:
     """The downstream idempotency key: stable for (merchant, key), opaque to the issuer."""
     message = f"{merchant_id}:{key}".encode()
@@ -91,6 +100,7 @@ class SimulatedIssuer:
     def __init__(self, engine: AsyncEngine, *, slow_seconds: float) -> None:
         self._engine = engine
         self._slow_seconds = slow_seconds
+        self._legacy_rows: bool | None = None  # may hold merchant '' records (see _adopt)
 
     def answers_inline(self, card_token: str) -> bool:
         return card_token not in SLOW_TOKENS
@@ -121,6 +131,7 @@ class SimulatedIssuer:
         self, conn: AsyncConnection, request: AuthorizationRequest
     ) -> tuple[Authorization, int]:
         decided = _decide(request.issuer_key, request.card_token)
+        await self._adopt(conn, request.merchant_id, request.issuer_key)
         inserted = await insert_if_absent(
             conn,
             IssuerAuthorization,
@@ -186,6 +197,7 @@ class SimulatedIssuer:
         currency: str,
     ) -> None:
         now = utcnow()
+        legacy = await self._adopt(conn, merchant_id, issuer_key)  # True: void it as well
         inserted = await insert_if_absent(
             conn,
             IssuerAuthorization,
@@ -210,3 +222,35 @@ class SimulatedIssuer:
                 )
                 .values(result="voided", voided_at=now)
             )
+        if legacy:  # an older replica's record may sit beside ours: the same key's, void it
+            await conn.execute(
+                update(IssuerAuthorization)
+                .where(
+                    IssuerAuthorization.merchant_id == "",
+                    IssuerAuthorization.issuer_key == issuer_key,
+                    IssuerAuthorization.voided_at.is_(None),
+                )
+                .values(result="voided", voided_at=now)
+            )
+
+    async def _adopt(self, conn: AsyncConnection, merchant_id: str, issuer_key: str) -> bool:
+        """Plain Postgres and SQLite: a record an older replica wrote under merchant ``''``
+        (code before 7c2ea99; migration 0012 re-homed the ones stored before it ran) moves to
+        its merchant when the merchant has none, so a re-drive finds its first answer and a
+        void voids it — one statement, a primary-key probe. True on these backends: a ``''``
+        record may remain beside the merchant's own (an older replica wrote it after ours),
+        and a void cancels it too. Never on Citus (False): its hot path stays single-shard,
+        and no code before 7c2ea99 served a Citus database."""
+        if not merchant_id or not await self._tolerates_legacy(conn):
+            return False
+        await conn.execute(ADOPT, {"m": merchant_id, "k": issuer_key})
+        return True
+
+    async def _tolerates_legacy(self, conn: AsyncConnection) -> bool:
+        if self._legacy_rows is None:
+            if conn.dialect.name != "postgresql":
+                self._legacy_rows = True
+            else:
+                citus = await conn.execute(text(CITUS))
+                self._legacy_rows = citus.first() is None
+        return self._legacy_rows
