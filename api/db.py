@@ -52,7 +52,10 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime")
-        value = value.astimezone(UTC)
+        try:
+            value = value.astimezone(UTC)
+        except OverflowError:  # the edges refuse such input (422); never bind a wrong instant
+            raise ValueError(f"datetime out of range in UTC: {value.isoformat()}") from None
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -49,7 +51,7 @@ class Query:
     terminal_id: str | None
     since: datetime
     limit: int
-    after: tuple[datetime, str] | None  # the last row of the previous page
+    cursor: str | None  # as given: verified against the caller's merchant in ``page``
 
 
 def _error(name: str, message: str) -> ValidationFailedError:
@@ -66,21 +68,48 @@ def _aware(name: str, text: str) -> datetime:
         raise _error(name, "must be an RFC 3339 date-time") from None
     if moment.tzinfo is None:
         raise _error(name, "must carry a time zone (e.g. Z)")
-    return moment
+    try:  # 0001-01-01T00:00:00+14:00 is RFC 3339 but before year 1 in UTC (was a 500)
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise _error(name, "out of range: not an instant between years 1 and 9999 in UTC") from None
 
 
-def encode_cursor(created_at: datetime, txn_id: str) -> str:
-    raw = json.dumps([created_at.isoformat(), txn_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+def _mac(secret: str, merchant_id: str, query: Query, payload: bytes) -> str:
+    """The cursor's signature: it binds the position to the merchant, terminal and since it
+    was returned for — a cursor this endpoint did not return (forged, edited, another
+    merchant's, another query's) is refused before anything is read."""
+    message = json.dumps(
+        [merchant_id, query.terminal_id, query.since.isoformat()], separators=(",", ":")
+    ).encode()
+    digest = hmac.new(
+        secret.encode(), b"idempay-listing-cursor\0" + message + b"\0" + payload, hashlib.sha256
+    )
+    return base64.urlsafe_b64encode(digest.digest()[:18]).decode()
 
 
-def _decode_cursor(text: str) -> tuple[datetime, str]:
+def encode_cursor(secret: str, merchant_id: str, query: Query, position: list[Any]) -> str:
+    """An opaque cursor: the last row's position, base64url, then its signature."""
+    payload = json.dumps(position, separators=(",", ":")).encode()
+    text = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+    return f"{text}.{_mac(secret, merchant_id, query, payload)}"
+
+
+def decode_cursor(secret: str, merchant_id: str, query: Query) -> list[Any] | None:
+    """The position a cursor carries, None without one; 422 for one this endpoint did not
+    return for this merchant and query (an empty one included)."""
+    if query.cursor is None:
+        return None
     try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        created, txn_id = json.loads(raw)
-        if not isinstance(created, str) or not isinstance(txn_id, str):
+        text, mac = query.cursor.split(".")
+        payload = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        if not hmac.compare_digest(
+            mac.encode(), _mac(secret, merchant_id, query, payload).encode()
+        ):
             raise ValueError
-        return _aware("cursor", created), txn_id
+        position = json.loads(payload)
+        if not isinstance(position, list):
+            raise ValueError
+        return position
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
         raise _error("cursor", "not a cursor this endpoint returned") from None
 
@@ -102,24 +131,25 @@ def parse(params: QueryParams) -> Query:
     limit_text = params.get("limit", str(DEFAULT_LIMIT))
     if not (limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= MAX_LIMIT):
         raise _error("limit", f"an integer from 1 to {MAX_LIMIT}")
-    cursor = params.get("cursor")
     return Query(
         terminal_id=terminal,
         since=_aware("since", since_text),
         limit=int(limit_text),
-        after=_decode_cursor(cursor) if cursor else None,
+        cursor=params.get("cursor"),  # an empty one too: refused in ``page``
     )
 
 
 async def page(service: TransactionService, merchant_id: str, query: Query) -> Outcome:
     """One page of ``merchant_id``'s transactions, oldest first."""
+    secret = service.settings.secret_key
+    after = decode_cursor(secret, merchant_id, query)
     table = Transaction.__table__
     created, txn_id = table.c.created_at, table.c.id
     conditions: list[Any] = [table.c.merchant_id == merchant_id, created >= query.since]
     if query.terminal_id is not None:
         conditions.append(table.c.terminal_id == query.terminal_id)
-    if query.after is not None:
-        last_created, last_id = query.after
+    if after is not None:
+        last_created, last_id = datetime.fromisoformat(after[0]), after[1]
         conditions.append(
             or_(created > last_created, and_(created == last_created, txn_id > last_id))
         )
@@ -128,7 +158,10 @@ async def page(service: TransactionService, merchant_id: str, query: Query) -> O
         rows = list((await conn.execute(statement)).all())
     more = len(rows) > query.limit
     rows = rows[: query.limit]
-    next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id) if more else None
+    next_cursor = None
+    if more:
+        last = [rows[-1].created_at.isoformat(), rows[-1].id]
+        next_cursor = encode_cursor(secret, merchant_id, query, last)
     body = {"data": [repository.body_of(row) for row in rows], "next_cursor": next_cursor}
     text = json.dumps(body, separators=(",", ":")).encode()
     return Outcome(200, text, RequestOutcome.FOUND)

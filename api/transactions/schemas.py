@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -58,7 +59,20 @@ def _timestamp_text(value: Any) -> Any:
     return value
 
 
-Timestamp = Annotated[AwareDatetime, BeforeValidator(_timestamp_text)]
+def _in_utc_range(value: datetime) -> datetime:
+    """A timestamp must have a UTC instant: ``0001-01-01T00:00:00+14:00`` and
+    ``9999-12-31T23:59:59-14:00`` are valid RFC 3339 but fall outside the years 1–9999 once
+    in UTC, where every comparison and column is (a 500 before the review, finding B)."""
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range: not an instant between years 1 and 9999 in UTC") from None
+    return value
+
+
+Timestamp = Annotated[
+    AwareDatetime, BeforeValidator(_timestamp_text), AfterValidator(_in_utc_range)
+]
 
 
 def _integer(minimum: int, maximum: int) -> WithJsonSchema:
