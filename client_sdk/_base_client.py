@@ -12,6 +12,7 @@ import math
 import os
 import random
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -72,6 +73,15 @@ _SleepT = TypeVar("_SleepT")  # a blocking sleep, or an awaitable one
 NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
 # The server's Date header has a resolution of one second: a smaller offset is noise.
 CLOCK_SKEW_TOLERANCE_S = 2.0
+CLOCK_KEEP_STEP_S = 1.0  # the journal's copy of the offset is rewritten when it moved this much
+LINK_DOWN_CONNECT_S = 2.0
+"""While the link is known down, a request gets this long (at most its timeout) to connect:
+a connect timeout is certain to have sent nothing, so a sale still never becomes offline
+once it may have reached the server — it only stops paying a full timeout per attempt."""
+LINK_DOWN_MEMORY_S = 60.0
+"""How long a full-length connect failure keeps the link known down (short connects that
+fail do not extend it: a link slower than ``LINK_DOWN_CONNECT_S`` is retried at full length)."""
+PROCESS_EPOCH = uuid.uuid4().hex  # this process's monotonic clock (Context.epoch)
 MAX_CLOCK_SAMPLE_RTT_S = 2.0  # a slower round trip says too little about the server's clock
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 # No connection to the server could be made at all (refused, no route, DNS, connect timeout):
@@ -265,7 +275,9 @@ class BaseClient(Generic[_TransportT, _SleepT]):
         self._owns_journal = not isinstance(journal, Journal)
         self.journal = journal if isinstance(journal, Journal) else Journal(journal)
         self.clock_offset_s: float | None = None  # server clock − ours, from Date headers
+        self._kept_offset: float | None = None  # the offset the journal holds
         self._clock_asked = False  # the server was asked its time once (before a payment)
+        self._link_down_at: float | None = None  # monotonic: a full connect failed then
         self._ctx = Context(
             headers=headers,
             timeout=timeout,
@@ -276,8 +288,39 @@ class BaseClient(Generic[_TransportT, _SleepT]):
             server_clock=self._server_clock,
             rng=random.Random(seed),
             offline=offline,
+            clock_known=lambda: self.clock_offset_s is not None,
+            epoch=PROCESS_EPOCH,
         )
+        self._inherit_clock()
         self._connect(base_url, transport=transport, timeout=timeout, sleep=sleep)
+
+    def _inherit_clock(self) -> None:
+        """The offset an earlier process learned (journal), so a terminal rebooted while
+        offline still stamps corrected times — unless the device clock went backwards since
+        it was learned (an RTC reset, a dead battery): then that offset means nothing, and
+        the clock stays unknown until the server is heard (contract §4.11)."""
+        try:
+            kept = self.journal.clock_offset()
+        except Exception:  # noqa: BLE001 - best effort: the clock stays unknown
+            return
+        if kept is None:
+            return
+        offset, device_at = kept
+        self._kept_offset = offset
+        if self._ctx.clock() >= device_at - CLOCK_SKEW_TOLERANCE_S:
+            self.clock_offset_s = offset
+
+    def _keep_clock(self, offset: float, device_at: float) -> None:
+        """Persist a newly learned offset when it moved (≥ 1 s): one small write, not one
+        per answer. Best effort: a journal failure here changes no payment."""
+        kept = self._kept_offset
+        if kept is not None and abs(kept - offset) < CLOCK_KEEP_STEP_S:
+            return
+        try:
+            self.journal.save_clock_offset(offset, device_at=device_at)
+        except Exception:  # noqa: BLE001 - the in-memory offset still corrects this process
+            return
+        self._kept_offset = offset
 
     def _connect(
         self, base_url: str, *, transport: _TransportT | None, timeout: float, sleep: _SleepT | None
@@ -307,6 +350,27 @@ class BaseClient(Generic[_TransportT, _SleepT]):
         except (TypeError, ValueError, IndexError, OverflowError):
             return
         self.clock_offset_s = server - (sent_at + received_at) / 2
+        self._keep_clock(self.clock_offset_s, received_at)
+
+    def link_known_down(self) -> bool:
+        """Whether a request could not connect at all (full timeout) within the last
+        ``LINK_DOWN_MEMORY_S``, with no answer since."""
+        down = self._link_down_at
+        return down is not None and self._ctx.monotonic() - down < LINK_DOWN_MEMORY_S
+
+    def _timeout_for(self, timeout: float) -> float | httpx.Timeout:
+        """A request's timeout: the full one, or — the link known down — a short connect
+        (reading an answer once connected still gets the full timeout)."""
+        if not self.link_known_down():
+            return timeout
+        return httpx.Timeout(timeout, connect=min(timeout, LINK_DOWN_CONNECT_S))
+
+    def _note_link(self, reply: HttpReply | NoReply, *, short: bool) -> None:
+        """An answer: the link is up. No connection at all with the full timeout: down."""
+        if isinstance(reply, HttpReply):
+            self._link_down_at = None
+        elif reply.link_down and not short:
+            self._link_down_at = self._ctx.monotonic()
 
     def _server_now(self, local: float) -> float:
         offset = self.clock_offset_s
@@ -338,7 +402,15 @@ class BaseClient(Generic[_TransportT, _SleepT]):
             expires_at=expires,
             allow_duplicate=allow_duplicate,
         )
-        key = str(uuid7(unix_ms=int(server_started * 1000)))
+        # A UUIDv7 states when it was minted on the server's clock, and the server judges that
+        # time (clock_skew, advice_too_old) — a time no re-stamp can ever change. With no
+        # server time known yet (booted offline: the server never answered, no offset kept)
+        # the SDK makes no such claim: a random UUIDv4, judged by captured_at alone, which
+        # a stored sale may have re-stamped once the offset is known (contract §4.11).
+        if self.clock_offset_s is None and not self._clock_asked:
+            key = str(uuid.uuid4())
+        else:
+            key = str(uuid7(unix_ms=int(server_started * 1000)))
         steps = pay(
             self._ctx,
             key=key,
@@ -387,11 +459,19 @@ class BaseClient(Generic[_TransportT, _SleepT]):
             return None
         if isinstance(effect, Record):
             return journal.transition(
-                effect.key, effect.state, attempts=effect.attempts, outcome=effect.outcome
+                effect.key,
+                effect.state,
+                attempts=effect.attempts,
+                outcome=effect.outcome,
+                request_json=effect.request_json,
             )
         if isinstance(effect, Store):
             return journal.store(
-                effect.key, effect.advice_json, policy=effect.policy, now=effect.now
+                effect.key,
+                effect.advice_json,
+                policy=effect.policy,
+                now=effect.now,
+                stamp=effect.stamp,
             )
         if isinstance(effect, Peek):
             return journal.get(effect.key)

@@ -235,24 +235,30 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
         ``captured_at`` are on the server's clock: a terminal booting with its clock far
         off would otherwise be refused (422 clock_skew, 410 request_expired). Best effort:
         when the server cannot be reached the payment goes ahead on the device clock."""
-        if self._clock_asked:
+        if self._clock_asked or self.link_known_down():  # the sale's attempts will tell
             return
         sent_at = self._ctx.clock()
         try:
             response = self._http.get(CLOCK_SYNC_PATH, timeout=CLOCK_SYNC_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - nothing was sent that matters: no payment yet
+        except Exception as exc:  # noqa: BLE001 - nothing was sent that matters: no payment yet
+            self._note_link(no_reply(exc), short=False)
             return
         self._clock_asked = True
         self._observe_clock(response, sent_at)
 
     def _send(self, effect: Send) -> Reply:
         sent_at = self._ctx.clock()
+        short = self.link_known_down()
+        kwargs = {**send_kwargs(effect), "timeout": self._timeout_for(effect.timeout)}
+        reply: Reply
         try:
-            response = self._http.request(effect.method, effect.path, **send_kwargs(effect))
+            response = self._http.request(effect.method, effect.path, **kwargs)
             self._observe_clock(response, sent_at)
-            return reply_from(response)
+            reply = reply_from(response)
         except Exception as exc:
-            return no_reply(exc)
+            reply = no_reply(exc)
+        self._note_link(reply, short=short)
+        return reply
 
 
 class AsyncClient(BaseClient[httpx.AsyncBaseTransport, Callable[[float], Awaitable[None]]]):
@@ -381,21 +387,27 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, Callable[[float], Awaitab
 
     async def _learn_clock(self) -> None:
         """``Client._learn_clock``, awaited."""
-        if self._clock_asked:
+        if self._clock_asked or self.link_known_down():  # the sale's attempts will tell
             return
         sent_at = self._ctx.clock()
         try:
             response = await self._http.get(CLOCK_SYNC_PATH, timeout=CLOCK_SYNC_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - nothing was sent that matters: no payment yet
+        except Exception as exc:  # noqa: BLE001 - nothing was sent that matters: no payment yet
+            self._note_link(no_reply(exc), short=False)
             return
         self._clock_asked = True
         self._observe_clock(response, sent_at)
 
     async def _send(self, effect: Send) -> Reply:
         sent_at = self._ctx.clock()
+        short = self.link_known_down()
+        kwargs = {**send_kwargs(effect), "timeout": self._timeout_for(effect.timeout)}
+        reply: Reply
         try:
-            response = await self._http.request(effect.method, effect.path, **send_kwargs(effect))
+            response = await self._http.request(effect.method, effect.path, **kwargs)
             self._observe_clock(response, sent_at)
-            return reply_from(response)
+            reply = reply_from(response)
         except Exception as exc:
-            return no_reply(exc)
+            reply = no_reply(exc)
+        self._note_link(reply, short=short)
+        return reply

@@ -45,6 +45,12 @@ class Context:
     rng: random.Random
     min_send_s: float = MIN_SEND_S
     offline: OfflinePolicy | None = None
+    clock_known: Callable[[], bool] = lambda: True
+    """Whether ``server_clock`` is corrected by an offset learned from the server (in this
+    process, or kept in the journal from an earlier one): False, it is the raw device clock."""
+    epoch: str = ""
+    """Names this process's monotonic clock: a monotonic time recorded under another epoch
+    (an earlier boot) means nothing now."""
 
     def now(self) -> datetime:
         """The server's time as best known (Retry-After dates are on its clock)."""
@@ -130,11 +136,12 @@ class Run:
         attempts: int | None = None,
         outcome: Mapping[str, Any] | None = None,
         result: object = None,
+        request_json: str | None = None,
     ) -> Steps[None]:
         """Journal a transition. Already final → ``SettledElsewhere``; a storage failure
         → ``PaymentInDoubtError`` (with ``result``) once anything may have been sent."""
         try:
-            yield Record(self.key, state, attempts, outcome)
+            yield Record(self.key, state, attempts, outcome, request_json)
         except InvalidTransitionError as exc:
             if isinstance(exc.entry, JournalEntry) and exc.entry.state.is_terminal:
                 raise SettledElsewhere(exc.entry) from exc

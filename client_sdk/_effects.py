@@ -90,6 +90,7 @@ class Store:
     advice_json: str
     policy: OfflinePolicy
     now: float  # the server's time as best known (unix seconds)
+    stamp: Mapping[str, object] | None = None  # the clocks when it was stored (_forward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,7 @@ class Record:
     state: JournalState
     attempts: int | None = None
     outcome: Mapping[str, object] | None = None
+    request_json: str | None = None  # a STORED advice re-stamped (only while still STORED)
 
 
 @dataclass(frozen=True, slots=True)

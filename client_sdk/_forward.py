@@ -1,15 +1,32 @@
 """Store and forward as sans-I/O steps (contract §4.12; the pure pieces are ``_offline``).
 
 ``store_offline`` ends a sale that could not reach the server at all: the journal holds it
-STORED (or the policy refuses it: ``OfflineLimitError``). ``forward_stored`` settles what
-was stored — oldest first, each under its lease, with the SAME key, as an advice:
+STORED (or the policy refuses it: ``OfflineLimitError``), with the clocks of that moment
+(``stamp``: the corrected time, the raw device time, the monotonic time and its epoch,
+whether the offset was known). ``forward_stored`` settles what was stored — oldest first,
+each under its lease, with the SAME key, as an advice:
 
 - the server's transaction (approved, or declined: ``on_offline_decline``) → RESOLVED;
 - 422 ``advice_too_old``, or the key fenced → REPORTED, ``on_offline_error``: never
   processed, kept for the merchant to reconcile;
-- anything else (the link still down, no definitive answer yet) → still STORED, and the
-  pass stops there so that the order is kept; a payment stored longer than ``max_age_s``
-  is reported once (``StoredPaymentOverdueError``), never dropped.
+- a refusal about this one entry (``clock_skew``, a 4xx about its body; the lookup that
+  follows finds nothing under the key) → still STORED, and the pass goes on to the next
+  entry: one stuck advice never holds back the ones behind it;
+- the link down, or no definitive answer after the retries → still STORED, and the pass
+  stops there (the entries behind it are not tried: they would only wait for the same
+  timeouts);
+- whatever happened, every stored entry is age-checked: one stored longer than
+  ``max_age_s`` is reported once (``StoredPaymentOverdueError``), never dropped. The age is
+  the largest of the estimates the entry's stamp allows (``stored_age``), so an entry
+  stamped in the future by a clock running ahead cannot dodge it.
+
+**Re-stamp.** An advice stamped while no server offset was known (``captured_at`` from the
+raw device clock, under a UUIDv4 key) and refused ``clock_skew`` or ``advice_too_old`` —
+refusals that store nothing — is re-stamped once, when the lookup that follows finds nothing
+under the key (404): ``captured_at`` becomes the sale's time on the server's clock, from the
+monotonic time recorded at the sale (same process only) and the offset now known; the
+journal records the re-stamp (old and new time), then the advice is resent under the same
+key. Any other case is reported, never re-stamped.
 
 A forward is settling, not selling: a lost answer is looked up and a 404 resent under the
 same key, but a stored key is never aborted — the terminal already sold.
@@ -18,7 +35,8 @@ same key, but a stored key is never aborted — the terminal already sold.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ._actions import Fence, Finish, GiveUp, Phase, Reject, Retry, next_action
@@ -27,6 +45,7 @@ from ._drive import driven
 from ._effects import Claim, NoReply, Notify, Peek, Release, Steps, Store, Unfinished
 from ._exceptions import (
     APIConnectionError,
+    APIError,
     IdempayError,
     JournalError,
     OfflineLimitError,
@@ -38,9 +57,50 @@ from ._journal import JournalEntry
 from ._models import JournalState, Recovered, Transaction
 from ._offline import advice_body, offline_result
 
-__all__ = ["forward_stored", "store_offline"]
+__all__ = ["clock_stamp", "forward_stored", "store_offline", "stored_age"]
 
 STORED = JournalState.STORED
+
+
+def clock_stamp(ctx: Context) -> dict[str, Any]:
+    """The clocks now, as a stored entry keeps them (its age, a re-stamp)."""
+    return {
+        "server_at": ctx.server_clock(),
+        "device_at": ctx.clock(),
+        "mono_at": ctx.monotonic(),
+        "epoch": ctx.epoch,
+        "offset_known": ctx.clock_known(),
+    }
+
+
+def stored_age(ctx: Context, entry: JournalEntry) -> float | None:
+    """How long ``entry`` has been stored, the largest of what can be measured: on the
+    monotonic clock (same process), on the raw device clock (device time then and now:
+    the offset learned since does not move it), on the corrected clock and from
+    ``captured_at`` (only when the offset was known when it was stamped). None when nothing
+    can be measured (an entry without a stamp or a ``captured_at``)."""
+    ages: list[float] = []
+    found = (entry.outcome or {}).get("clock")
+    stamp: dict[str, Any] = found if isinstance(found, dict) else {}
+    known = not stamp or bool(stamp.get("offset_known"))
+    if stamp:
+        if stamp.get("epoch") == ctx.epoch and isinstance(stamp.get("mono_at"), int | float):
+            ages.append(ctx.monotonic() - float(stamp["mono_at"]))
+        if isinstance(stamp.get("device_at"), int | float):
+            ages.append(ctx.clock() - float(stamp["device_at"]))
+        if known and isinstance(stamp.get("server_at"), int | float):
+            ages.append(ctx.server_clock() - float(stamp["server_at"]))
+    captured = _captured_at(entry.request_json)
+    if known and captured is not None:
+        ages.append(ctx.server_clock() - captured)
+    return max(ages) if ages else None
+
+
+def _captured_at(request_json: str) -> float | None:
+    text = json.loads(request_json).get("captured_at")
+    if not isinstance(text, str):
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def store_offline(run: Run) -> Steps[Transaction]:
@@ -50,7 +110,7 @@ def store_offline(run: Run) -> Steps[Transaction]:
     assert ctx.offline is not None
     advice = advice_body(run.entry.request_json)
     try:
-        stored = yield Store(key, advice, ctx.offline, ctx.server_clock())
+        stored = yield Store(key, advice, ctx.offline, ctx.server_clock(), clock_stamp(ctx))
     except JournalError:
         raise
     except Exception as exc:
@@ -70,23 +130,23 @@ def store_offline(run: Run) -> Steps[Transaction]:
 
 
 def forward_stored(ctx: Context, *, owner: str) -> Steps[list[Recovered]]:
-    """Forward every STORED entry, oldest first; stop at the first one not forwarded now
-    (the ones after it are reported with the same cause) or held by another driver."""
+    """Forward every STORED entry, oldest first. A refusal about one entry does not stop
+    the pass; the link down (or no definitive answer) does: the entries after it are only
+    age-checked, and reported STORED with that cause. An entry another driver holds is
+    skipped (that driver forwards it)."""
     keys = yield Unfinished(stored_only=True)
     assert isinstance(keys, list)
     results: list[Recovered] = []
-    for index, key in enumerate(keys):
-        recovered = yield from _forward_entry(ctx, key, owner=owner)
-        if recovered is _HELD:  # another driver is forwarding it: it keeps the order
-            break
-        if recovered is _SETTLED:  # another driver forwarded it since we listed the keys
+    link_down: IdempayError | None = None
+    for key in keys:
+        forwarded = yield from _forward_entry(ctx, key, owner=owner, link_down=link_down)
+        if forwarded is _HELD or forwarded is _SETTLED:
             continue
-        assert isinstance(recovered, Recovered)
+        assert isinstance(forwarded, tuple)
+        recovered, stops = forwarded
         results.append(recovered)
-        if recovered.state is STORED:
-            cause = recovered.error
-            results += [Recovered(later, STORED, None, cause) for later in keys[index + 1 :]]
-            break
+        if stops and link_down is None:
+            link_down = recovered.error
     return results
 
 
@@ -94,9 +154,16 @@ _HELD = "held"
 _SETTLED = "settled"
 
 
-def _forward_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | str]:
-    """The entry forwarded (or not, and why); ``_HELD`` when another driver holds its
-    lease, ``_SETTLED`` when it is no longer stored."""
+class _EntryRefused(StoredPaymentError):
+    """A refusal about this entry alone (its cause): it stays STORED, the pass goes on."""
+
+
+def _forward_entry(
+    ctx: Context, key: str, *, owner: str, link_down: IdempayError | None
+) -> Steps[tuple[Recovered, bool] | str]:
+    """The entry forwarded (or not, and why, and whether that stops the pass); ``_HELD``
+    when another driver holds its lease, ``_SETTLED`` when it is no longer stored. With
+    ``link_down`` (an earlier entry found the link down) it is not sent, only age-checked."""
     entry = yield Claim(key, owner, ctx.clock(), ctx.hold_s)
     if entry is None:
         return _HELD
@@ -106,28 +173,47 @@ def _forward_entry(ctx: Context, key: str, *, owner: str) -> Steps[Recovered | s
             yield Release(key, owner)
         return _SETTLED
     run = Run(ctx, entry, deadline=ctx.monotonic() + ctx.hold_s / 2, on_not_found="resend")
+    steps = _forwarding(run) if link_down is None else _not_sent(run, link_down)
     try:
-        transaction = yield from driven(run, owner, _forwarding(run))
+        transaction = yield from driven(run, owner, steps)
     except IdempayError as exc:
         now = yield Peek(key)
         state = now.state if isinstance(now, JournalEntry) else run.state
-        return Recovered(key, state, None, exc)
-    return Recovered(key, JournalState.RESOLVED, transaction, None)
+        return Recovered(key, state, None, exc), run.link_down > 0
+    return Recovered(key, JournalState.RESOLVED, transaction, None), False
+
+
+def _public(error: IdempayError) -> IdempayError:
+    """A per-entry refusal is reported as the server's error itself."""
+    if isinstance(error, _EntryRefused) and isinstance(error.__cause__, IdempayError):
+        return error.__cause__
+    return error
+
+
+def _not_sent(run: Run, cause: IdempayError) -> Steps[Transaction]:
+    """Not forwarded in this pass (the link is down): only its age is checked."""
+    run.link_down = 1
+    raise (yield from _overdue(run, cause))
 
 
 def _forwarding(run: Run) -> Steps[Transaction]:
     try:
         return (yield from _advise(run))
     except IdempayError as exc:
+        # the link down, or no definitive answer after the retries: the pass stops here
+        run.link_down = int(isinstance(exc, APIConnectionError) or type(exc) is StoredPaymentError)
+        error = _public(exc)
         if run.state is STORED:
-            raise (yield from _overdue(run, exc)) from exc
-        raise
+            error = yield from _overdue(run, error)
+        raise error from error.__cause__
 
 
 def _advise(run: Run) -> Steps[Transaction]:
     """Send the advice until a definitive answer, the link down, or the retries spent."""
     ctx = run.ctx
     phase, sends, last = Phase.CREATE, 0, None
+    refused: APIError | None = None  # this attempt's refusal, until the lookup says more
+    restamped = False
     while sends <= ctx.policy.max_retries and run.remaining() >= ctx.min_send_s:
         sends += 1
         if phase is Phase.CREATE:
@@ -162,17 +248,29 @@ def _advise(run: Run) -> Steps[Transaction]:
                 code=action.code,
             )
             yield from _refused(run, error, {"kind": "fenced", "reason": action.reason})
-        if isinstance(action, Reject) and action.error.code == "advice_too_old":
-            yield from _refused(run, action.error, _error_outcome(action.error))
         if isinstance(action, GiveUp):
             raise action.error
         if isinstance(action, Reject):  # what does the server hold under the key?
-            last, phase = action.error, Phase.LOOKUP
+            last, refused, phase = action.error, action.error, Phase.LOOKUP
             continue
         assert isinstance(action, Retry)
-        if phase is Phase.LOOKUP and action.then is Phase.CREATE:  # 404: resend the advice
-            phase = Phase.CREATE
-            continue
+        if phase is Phase.LOOKUP and action.then is Phase.CREATE:  # 404: nothing under the key
+            if refused is None:  # a lost answer: resend the advice
+                phase = Phase.CREATE
+                continue
+            # This attempt was refused and the server holds nothing under the key: the
+            # refusal is about this entry (never processed so far).
+            if refused.code in _RESTAMPED and not restamped and (yield from _restamp(run)):
+                restamped, refused, phase = True, None, Phase.CREATE
+                continue
+            if refused.code == "advice_too_old":
+                yield from _refused(run, refused, _error_outcome(refused))
+            raise _EntryRefused(
+                f"stored payment {run.key}: refused ({refused}); it stays stored and is "
+                "forwarded again",
+                key=run.key,
+            ) from refused
+        refused = None
         yield from run.wait(action.retry_after, run.deadline)
         phase = action.then
     raise StoredPaymentError(
@@ -182,17 +280,58 @@ def _advise(run: Run) -> Steps[Transaction]:
     ) from last
 
 
+_RESTAMPED = frozenset({"clock_skew", "advice_too_old"})
+"""Refusals of an advice that store nothing, caused by its time alone."""
+
+
+def _restamp(run: Run) -> Steps[bool]:
+    """Re-stamp ``captured_at`` of an advice stamped on the raw device clock (no offset
+    known then), now that the offset is known: the sale's time on the server's clock is
+    now minus the monotonic time elapsed since the sale — only within the process that
+    recorded it (another boot's monotonic time means nothing). Journaled (old and new time)
+    before it is sent; False when it cannot be proven, or was done already."""
+    ctx = run.ctx
+    outcome = dict(run.entry.outcome or {})
+    stamp = outcome.get("clock")
+    if not isinstance(stamp, dict) or stamp.get("offset_known") or "restamped" in outcome:
+        return False
+    if stamp.get("epoch") != ctx.epoch or not ctx.clock_known():
+        return False
+    mono_at = stamp.get("mono_at")
+    if not isinstance(mono_at, int | float):
+        return False
+    sold_at = ctx.server_clock() - (ctx.monotonic() - float(mono_at))
+    body: dict[str, Any] = json.loads(run.entry.request_json)
+    captured = datetime.fromtimestamp(sold_at, UTC).isoformat(timespec="milliseconds")
+    captured = captured.replace("+00:00", "Z")
+    restamp = {"from": body.get("captured_at"), "to": captured}
+    body["captured_at"] = captured
+    request_json = json.dumps(body, separators=(",", ":"), sort_keys=True)
+    outcome["restamped"] = restamp
+    yield from run.record(STORED, outcome=outcome, request_json=request_json)
+    run.entry = replace(run.entry, request_json=request_json, outcome=outcome)
+    return True
+
+
 def _forwarded(run: Run, action: Finish) -> Steps[Transaction]:
     transaction = action.transaction
     outcome = {"kind": "transaction", "status": transaction.status, "body": action.body}
+    outcome.update(_kept(run))
     yield from run.record(JournalState.RESOLVED, outcome=outcome, result=transaction)
     if transaction.status == "declined":
         yield from _notify("offline_decline", transaction)
     return transaction
 
 
+def _kept(run: Run) -> dict[str, Any]:
+    """What a stored entry's final outcome keeps of its stored one: its clocks and its
+    re-stamp (the journal's record of what was sent, and why)."""
+    stored = run.entry.outcome or {}
+    return {name: stored[name] for name in ("clock", "restamped") if name in stored}
+
+
 def _refused(run: Run, error: IdempayError, outcome: dict[str, Any]) -> Steps[None]:
-    yield from run.record(JournalState.REPORTED, outcome=outcome)
+    yield from run.record(JournalState.REPORTED, outcome={**outcome, **_kept(run)})
     yield from _notify("offline_error", error)
     raise error
 
@@ -201,13 +340,8 @@ def _overdue(run: Run, cause: IdempayError) -> Steps[IdempayError]:
     """``cause``, or — stored longer than ``max_age_s`` — ``StoredPaymentOverdueError``
     (told to the application once: the journal remembers it was)."""
     policy = run.ctx.offline
-    captured = json.loads(run.entry.request_json).get("captured_at")
-    if policy is None or not isinstance(captured, str):
-        return cause
-    age = (
-        run.ctx.server_clock() - datetime.fromisoformat(captured.replace("Z", "+00:00")).timestamp()
-    )
-    if age <= policy.max_age_s:
+    age = stored_age(run.ctx, run.entry)
+    if policy is None or age is None or age <= policy.max_age_s:
         return cause
     error = StoredPaymentOverdueError(
         f"stored payment {run.key} is {age:.0f} s old (max_age_s {policy.max_age_s:g}) and "

@@ -223,20 +223,27 @@ class Journal:
         *,
         attempts: int | None = None,
         outcome: Mapping[str, Any] | None = None,
+        request_json: str | None = None,
     ) -> JournalEntry:
-        """Move ``key`` to ``state`` atomically; InvalidTransitionError out of a final state."""
+        """Move ``key`` to ``state`` atomically; InvalidTransitionError out of a final state.
+        ``request_json`` replaces a STORED advice that stays STORED (a re-stamp, contract
+        §4.12: only once the server is proven never to have processed the key)."""
         with self._open(), self._transaction():
             entry = self._get(key)
             if entry is None:
                 raise JournalError(f"journal has no key {key}")
             _check(entry, state, attempts)
+            stays_stored = entry.state is JournalState.STORED and state is JournalState.STORED
+            if request_json is not None and not stays_stored:
+                raise InvalidTransitionError(f"{key}: only a STORED advice is re-stamped")
             self._db.execute(
                 "UPDATE journal_entry SET state = ?, attempts = ?, outcome = ?, "
-                "updated_at = ? WHERE key = ?",
+                "request = ?, updated_at = ? WHERE key = ?",
                 (
                     state.value,
                     entry.attempts if attempts is None else attempts,
                     _dump(outcome) if outcome is not None else _dump(entry.outcome),
+                    entry.request_json if request_json is None else request_json,
                     _now(),
                     key,
                 ),
@@ -246,12 +253,20 @@ class Journal:
         return updated
 
     def store(
-        self, key: str, advice_json: str, *, policy: OfflinePolicy, now: float
+        self,
+        key: str,
+        advice_json: str,
+        *,
+        policy: OfflinePolicy,
+        now: float,
+        stamp: Mapping[str, Any] | None = None,
     ) -> JournalEntry | Limit:
         """Accept ``key`` offline: in one transaction, check ``policy`` against what is
         already stored and, if no limit is broken, make the entry STORED with its advice as
         the request (committed, fsync'd, before it returns). The broken limit otherwise,
-        with nothing written. ``now``: the server's time as best known (unix seconds)."""
+        with nothing written. ``now``: the server's time as best known (unix seconds);
+        ``stamp``: the clocks when it was stored (kept in the outcome as ``clock``: what
+        its age and a re-stamp are measured on, contract §4.12)."""
         with self._open(), self._transaction():
             entry = self._get(key)
             if entry is None:
@@ -264,7 +279,10 @@ class Journal:
             limit = refusal(policy, json.loads(advice_json), counters, now=now)
             if limit is not None:
                 return limit
-            outcome = _dump({"kind": "stored", "stored_at": datetime.now(UTC).isoformat()})
+            record: dict[str, Any] = {"kind": "stored", "stored_at": _now()}
+            if stamp is not None:
+                record["clock"] = dict(stamp)
+            outcome = _dump(record)
             self._db.execute(
                 "UPDATE journal_entry SET state = ?, request = ?, outcome = ?, updated_at = ? "
                 "WHERE key = ?",
@@ -295,6 +313,25 @@ class Journal:
     def entries(self) -> list[JournalEntry]:
         """Every entry, whatever its state, oldest first."""
         return self._select("")
+
+    def clock_offset(self) -> tuple[float, float] | None:
+        """The server clock offset last learned (server − device, seconds) and the device
+        time it was learned at; None if none was ever kept."""
+        with self._open():
+            row = self._db.execute(
+                "SELECT offset_s, device_at FROM journal_clock WHERE id = 1"
+            ).fetchone()
+        return None if row is None else (float(row[0]), float(row[1]))
+
+    def save_clock_offset(self, offset_s: float, *, device_at: float) -> None:
+        """Keep the server clock offset just learned (committed before it returns)."""
+        with self._open():
+            self._db.execute(
+                "INSERT INTO journal_clock (id, offset_s, device_at, learned_at) "
+                "VALUES (1, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET offset_s = excluded.offset_s,"
+                " device_at = excluded.device_at, learned_at = excluded.learned_at",
+                (offset_s, device_at, _now()),
+            )
 
     def close(self) -> None:
         """Close the database connection."""

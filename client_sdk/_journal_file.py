@@ -18,10 +18,11 @@ from ._exceptions import JournalError
 
 __all__ = ["SCHEMA_VERSION", "FileIdentity", "check_identity", "open_database"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """1: journal_entry; 2: + the driver's lease (lease_owner, lease_until); 3: + the offline
 states STORED and REPORTED (store and forward). An SDK older than 3 refuses the file, so it
-can never fence a payment the terminal sold offline."""
+can never fence a payment the terminal sold offline. 4: + journal_clock, the server clock
+offset last learned (so a reboot while offline still stamps corrected times)."""
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS {name} (
@@ -42,6 +43,13 @@ _LEASE_COLUMNS = (("lease_owner", "TEXT"), ("lease_until", "REAL"))
 _OPEN_INDEX = """
 CREATE INDEX IF NOT EXISTS ix_journal_entry_open
     ON journal_entry (created_at) WHERE state NOT IN ('RESOLVED', 'ABORTED', 'REPORTED')"""
+_CLOCK_TABLE = """
+CREATE TABLE IF NOT EXISTS journal_clock (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    offset_s REAL NOT NULL,
+    device_at REAL NOT NULL,
+    learned_at TEXT NOT NULL
+)"""
 _COPIED = (
     "key, request, state, attempts, outcome, deadline, reverse_late_approval, created_at, "
     "updated_at, lease_owner, lease_until"
@@ -126,3 +134,4 @@ def _bring_up(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE journal_entry_v3 RENAME TO journal_entry")
     db.execute("DROP INDEX IF EXISTS ix_journal_entry_open")
     db.execute(_OPEN_INDEX)
+    db.execute(_CLOCK_TABLE)
