@@ -10,6 +10,10 @@ already are, so it is as idempotent as the migrations themselves.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -47,6 +51,9 @@ REFERENCE = (
 # Left on the coordinator, which only ``idempay migrate`` reads.
 LOCAL = ("alembic_version",)
 DISTRIBUTION_COLUMN = "merchant_id"
+# request_event's unique constraint on event_id alone: plain Postgres and SQLite keep it
+# through migration 0009's release (expand/contract); a distributed table cannot have it.
+EVENT_ID_ONLY = "uq_request_event_event_id"
 
 
 def alembic_config(settings: Settings) -> Config:
@@ -63,8 +70,32 @@ def migrate(settings: Settings) -> None:
     restore). Runs its own event loops: call it outside a running loop."""
     if settings.is_sqlite:
         settings.var_dir.mkdir(parents=True, exist_ok=True)
-    command.upgrade(alembic_config(settings), "head")
-    asyncio.run(_ensure_epoch(settings))
+    with _sqlite_migration_lock(settings):
+        command.upgrade(alembic_config(settings), "head")
+        asyncio.run(_ensure_epoch(settings))
+
+
+@contextmanager
+def _sqlite_migration_lock(settings: Settings) -> Iterator[None]:
+    """SQLite's counterpart of Postgres's migration lock: an exclusive ``flock`` on
+    ``<var_dir>/migrate.lock``, held for the whole run. A second ``idempay migrate`` (or
+    ``serve``) started meanwhile waits for it, then finds the schema at head — where it used
+    to fail with "database is locked" half-way. The kernel drops the lock when its holder
+    exits, killed or not, so a crashed run never leaves the next one waiting."""
+    if not settings.is_sqlite:
+        yield
+        return
+    path = settings.var_dir / "migrate.lock"
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.stderr.write(f"waiting for another migration to finish (lock: {path})\n")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def has_citus(connection: Connection) -> bool:
@@ -94,6 +125,10 @@ def distribute(connection: Connection) -> list[str]:
             continue
         had_rows = connection.execute(text(f'SELECT 1 FROM "{table}" LIMIT 1')).first() is not None
         name = f'"{table}"'
+        if table == "request_event":  # kept by 0009 on a database without Citus back then
+            connection.execute(
+                text(f"ALTER TABLE {name} DROP CONSTRAINT IF EXISTS {EVENT_ID_ONLY}")
+            )
         if table in REFERENCE:
             connection.execute(text("SELECT create_reference_table(:t)"), {"t": name})
         else:

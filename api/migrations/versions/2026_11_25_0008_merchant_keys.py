@@ -40,6 +40,7 @@ Create Date: 2026-11-25 12:00:00
 import hashlib
 import hmac
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -123,23 +124,45 @@ def _backfill_issuer_merchants() -> None:
         "UPDATE issuer_authorization SET merchant_id = :merchant_id "
         "WHERE merchant_id = '' AND issuer_key = :issuer_key"
     )
+    # A keyset on the primary key: each chunk is one range scan of pk_idempotency_key from
+    # the last (merchant_id, key) seen. (Until the 2026-11-26 review the condition was
+    # ``merchant_id > :m OR (merchant_id = :m AND key > :k)``, which Postgres cannot turn into
+    # an index range: every chunk filtered the index from its start — quadratic, ~150 ms a
+    # chunk at 150k keys. Same rows, same order: the result is unchanged.)
     last: tuple[str, str] = ("", "")
     while True:
         rows = bind.execute(
             sa.text(
                 "SELECT merchant_id, key FROM idempotency_key "
-                "WHERE merchant_id > :m OR (merchant_id = :m AND key > :k) "
+                "WHERE (merchant_id, key) > (:m, :k) "
                 "ORDER BY merchant_id, key LIMIT :n"
             ),
             {"m": last[0], "k": last[1], "n": BACKFILL_CHUNK},
         ).all()
         if not rows:
             return
-        bind.execute(
-            update,
-            [{"merchant_id": m, "issuer_key": _issuer_key(secret, m, k)} for m, k in rows],
-        )
+        pairs = [{"merchant_id": m, "issuer_key": _issuer_key(secret, m, k)} for m, k in rows]
+        if bind.dialect.name == "postgresql":
+            bind.execute(*_update_from_values(pairs))  # one statement a chunk
+        else:
+            bind.execute(update, pairs)  # SQLite: in-process, a statement is cheap
         last = (rows[-1][0], rows[-1][1])
+
+
+def _update_from_values(pairs: list[dict[str, str]]) -> tuple[sa.TextClause, dict[str, Any]]:
+    """One ``UPDATE … FROM unnest(…)`` for a chunk: the same rows as one UPDATE per pair
+    (merchant_id = '' and the issuer key), in one round trip and one plan (Postgres)."""
+    statement = sa.text(
+        "UPDATE issuer_authorization AS ia SET merchant_id = v.merchant_id "
+        "FROM unnest(CAST(:ms AS varchar[]), CAST(:ks AS varchar[]))"
+        " AS v (merchant_id, issuer_key) "
+        "WHERE ia.merchant_id = '' AND ia.issuer_key = v.issuer_key"
+    )
+    params = {
+        "ms": [p["merchant_id"] for p in pairs],
+        "ks": [p["issuer_key"] for p in pairs],
+    }
+    return statement, params
 
 
 def upgrade() -> None:
