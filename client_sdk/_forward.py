@@ -280,6 +280,9 @@ def _advise(run: Run) -> Steps[Transaction]:
     ) from last
 
 
+RESTAMP_MIN_S = 1.0
+"""A re-stamp that would move ``captured_at`` less than this is not one: the time was
+right, and the refusal stands."""
 _RESTAMPED = frozenset({"clock_skew", "advice_too_old"})
 """Refusals of an advice that store nothing, caused by its time alone."""
 
@@ -302,6 +305,9 @@ def _restamp(run: Run) -> Steps[bool]:
         return False
     sold_at = ctx.server_clock() - (ctx.monotonic() - float(mono_at))
     body: dict[str, Any] = json.loads(run.entry.request_json)
+    was = _captured_at(run.entry.request_json)
+    if was is not None and abs(sold_at - was) < RESTAMP_MIN_S:  # the time was right
+        return False
     captured = datetime.fromtimestamp(sold_at, UTC).isoformat(timespec="milliseconds")
     captured = captured.replace("+00:00", "Z")
     restamp = {"from": body.get("captured_at"), "to": captured}
