@@ -55,7 +55,7 @@ from ._exceptions import (
 )
 from ._journal import JournalEntry
 from ._models import JournalState, Recovered, Transaction
-from ._offline import advice_body, offline_result
+from ._offline import advice_body, offline_result, stamp_age
 
 __all__ = ["clock_stamp", "forward_stored", "store_offline", "stored_age"]
 
@@ -74,26 +74,10 @@ def clock_stamp(ctx: Context) -> dict[str, Any]:
 
 
 def stored_age(ctx: Context, entry: JournalEntry) -> float | None:
-    """How long ``entry`` has been stored, the largest of what can be measured: on the
-    monotonic clock (same process), on the raw device clock (device time then and now:
-    the offset learned since does not move it), on the corrected clock and from
-    ``captured_at`` (only when the offset was known when it was stamped). None when nothing
-    can be measured (an entry without a stamp or a ``captured_at``)."""
-    ages: list[float] = []
-    found = (entry.outcome or {}).get("clock")
-    stamp: dict[str, Any] = found if isinstance(found, dict) else {}
-    known = not stamp or bool(stamp.get("offset_known"))
-    if stamp:
-        if stamp.get("epoch") == ctx.epoch and isinstance(stamp.get("mono_at"), int | float):
-            ages.append(ctx.monotonic() - float(stamp["mono_at"]))
-        if isinstance(stamp.get("device_at"), int | float):
-            ages.append(ctx.clock() - float(stamp["device_at"]))
-        if known and isinstance(stamp.get("server_at"), int | float):
-            ages.append(ctx.server_clock() - float(stamp["server_at"]))
-    captured = _captured_at(entry.request_json)
-    if known and captured is not None:
-        ages.append(ctx.server_clock() - captured)
-    return max(ages) if ages else None
+    """How long ``entry`` has been stored (``_offline.stamp_age``, as of now)."""
+    stamp = (entry.outcome or {}).get("clock")
+    captured = entry.request.get("captured_at")
+    return stamp_age(stamp if isinstance(stamp, dict) else None, captured, clock_stamp(ctx))
 
 
 def _captured_at(request_json: str) -> float | None:

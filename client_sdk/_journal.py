@@ -43,7 +43,7 @@ from typing import Any
 from ._exceptions import InvalidTransitionError, JournalError
 from ._journal_file import check_identity, open_database
 from ._models import JournalState
-from ._offline import Limit, OfflineExposure, OfflinePolicy, exposure, refusal
+from ._offline import Limit, OfflineExposure, OfflinePolicy, exposure, refusal, stamp_age
 
 __all__ = ["Journal", "JournalEntry", "new_owner", "owner_alive"]
 
@@ -275,8 +275,23 @@ class Journal:
                 raise InvalidTransitionError(
                     f"{key}: {entry.state} cannot be stored offline", entry=entry
                 )
-            counters = exposure(stored.request for stored in self._stored())
-            limit = refusal(policy, json.loads(advice_json), counters, now=now)
+            entries = self._stored()
+            counters = exposure(stored.request for stored in entries)
+            ages = (
+                [
+                    stamp_age(
+                        (stored.outcome or {}).get("clock"),
+                        stored.request.get("captured_at"),
+                        stamp,
+                    )
+                    for stored in entries
+                ]
+                if stamp is not None
+                else []
+            )
+            known = [age for age in ages if age is not None]
+            oldest = max(known) if known else None
+            limit = refusal(policy, json.loads(advice_json), counters, now=now, oldest_age_s=oldest)
             if limit is not None:
                 return limit
             record: dict[str, Any] = {"kind": "stored", "stored_at": _now()}

@@ -29,6 +29,7 @@ __all__ = [
     "exposure",
     "offline_result",
     "refusal",
+    "stamp_age",
 ]
 
 Limit = Literal[
@@ -101,10 +102,50 @@ def exposure(stored_requests: Iterable[Mapping[str, Any]]) -> OfflineExposure:
     return OfflineExposure(count, amounts, oldest)
 
 
+def stamp_age(
+    stamp: Mapping[str, Any] | None, captured_at: str | None, now: Mapping[str, Any]
+) -> float | None:
+    """How long ago an entry stamped ``stamp`` (with ``captured_at``) was stored, as of the
+    clocks ``now`` (a stamp too: ``server_at``, ``device_at``, ``mono_at``, ``epoch``,
+    ``offset_known``): the largest of what can be measured — the monotonic clock (same
+    epoch only), the raw device clock (an offset learned since does not move it), and the
+    corrected clock and ``captured_at`` when the offset was known at the stamp (a time
+    stamped on an uncorrected clock says nothing on the server's). A time in the future
+    cannot hide an entry: another measure still counts. None when nothing can be measured."""
+    ages: list[float] = []
+    then = stamp or {}
+    known = not then or bool(then.get("offset_known"))
+
+    def number(value: object) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok else None  # type: ignore[arg-type]
+
+    pairs = [("device_at", True)]
+    if then.get("epoch") == now.get("epoch"):
+        pairs.append(("mono_at", True))
+    pairs.append(("server_at", known))
+    for name, usable in pairs:
+        earlier, later = number(then.get(name)), number(now.get(name))
+        if usable and earlier is not None and later is not None:
+            ages.append(later - earlier)
+    server_now = number(now.get("server_at"))
+    if known and isinstance(captured_at, str) and server_now is not None:
+        captured = datetime.fromisoformat(captured_at.replace("Z", "+00:00")).timestamp()
+        ages.append(server_now - captured)
+    return max(ages) if ages else None
+
+
 def refusal(
-    policy: OfflinePolicy, request: Mapping[str, Any], stored: OfflineExposure, *, now: float
+    policy: OfflinePolicy,
+    request: Mapping[str, Any],
+    stored: OfflineExposure,
+    *,
+    now: float,
+    oldest_age_s: float | None = None,
 ) -> Limit | None:
-    """The limit that accepting ``request`` offline would break, or None (pure)."""
+    """The limit that accepting ``request`` offline would break, or None (pure).
+    ``oldest_age_s``: the age of the oldest stored entry by its stamp (``stamp_age``); when
+    None, its ``captured_at`` against ``now``."""
     amount, currency = int(request.get("amount") or 0), str(request.get("currency"))
     if request.get("type", "purchase") != "purchase":
         return "purchase_only"
@@ -114,6 +155,10 @@ def refusal(
         return "max_stored_count"
     if stored.amounts.get(currency, 0) + amount > policy.max_stored_amount:
         return "max_stored_amount"
+    if oldest_age_s is not None:
+        if oldest_age_s > policy.max_age_s:
+            return "max_age_s"
+        return None
     oldest = stored.oldest_captured_at
     if oldest is not None and now - oldest.timestamp() > policy.max_age_s:
         return "max_age_s"

@@ -30,6 +30,7 @@ from client_sdk import (
     ClockSkewError,
     Journal,
     JournalState,
+    OfflineLimitError,
     OfflinePolicy,
     StoredPaymentOverdueError,
 )
@@ -307,3 +308,21 @@ def test_a_slow_connect_after_the_link_was_down_is_never_an_offline_sale_once_se
     assert lost == [result.id]  # processed, its answer lost: looked up, not sold offline
     assert not result.offline and world.processed[result.id] == 1
     pos.close()
+
+
+def test_a_future_stamp_cannot_dodge_the_max_age_limit_on_new_offline_sales(
+    fake: FakeIdempay, make_client: Any, clock: FakeClock
+) -> None:
+    """§4.12: until an overdue stored payment is forwarded, no new payment is accepted
+    offline — measured on the SDK's stamp, not on a captured_at a clock ahead put in the
+    future."""
+    from datetime import UTC, datetime
+
+    pos = make_client(offline=POLICY)
+    fake.down = True
+    future = datetime.fromtimestamp(clock.now + 90, UTC)
+    pos.purchase(amount=1000, currency="BRL", card=CARD, captured_at=future)
+    clock.now += POLICY.max_age_s + 1
+    with pytest.raises(OfflineLimitError) as refused:
+        sell(pos, 1100)
+    assert refused.value.limit == "max_age_s"
