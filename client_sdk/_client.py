@@ -154,8 +154,10 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
     def forward(self) -> list[Recovered]:
         """Forward the payments stored offline now, oldest first (each under its lease):
         one ``Recovered`` per stored entry — RESOLVED with the server's transaction,
-        REPORTED (``AdviceTooOldError``, a fenced key), or still STORED with what kept it
-        (the pass stops at the first one not forwarded, to keep the order)."""
+        REPORTED (``AdviceTooOldError``, a fenced key), or still STORED with what kept it.
+        A refusal about one entry (``ClockSkewError``, a 4xx about its body) does not hold
+        back the ones behind it; the link down stops the pass (the rest are only
+        age-checked: ``StoredPaymentOverdueError`` once past ``max_age_s``)."""
         return self._run(self._forwarding())
 
     def reconcile(self, *, since: datetime, page_size: int = 100) -> list[Transaction]:
