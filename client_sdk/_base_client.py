@@ -82,6 +82,25 @@ LINK_DOWN_MEMORY_S = 60.0
 """How long a full-length connect failure keeps the link known down (short connects that
 fail do not extend it: a link slower than ``LINK_DOWN_CONNECT_S`` is retried at full length)."""
 PROCESS_EPOCH = uuid.uuid4().hex  # this process's monotonic clock (Context.epoch)
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def monotonic_epoch(monotonic: Callable[[], float] | None) -> str:
+    """What names the monotonic clock's origin (``Context.epoch``): with the default
+    ``time.monotonic`` on Linux (CLOCK_MONOTONIC: one origin per boot, shared by every
+    process), the kernel's boot id — so a payment stored by an earlier process of the same
+    boot can still be re-stamped; otherwise (another platform, an injected clock) this
+    process alone."""
+    if monotonic is not None and monotonic is not time.monotonic:
+        return f"process:{PROCESS_EPOCH}"
+    try:
+        with open(BOOT_ID_PATH, encoding="ascii") as source:
+            boot = source.read().strip()
+    except OSError:
+        boot = ""
+    return f"boot:{boot}" if boot else f"process:{PROCESS_EPOCH}"
+
+
 MAX_CLOCK_SAMPLE_RTT_S = 2.0  # a slower round trip says too little about the server's clock
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 # No connection to the server could be made at all (refused, no route, DNS, connect timeout):
@@ -289,7 +308,7 @@ class BaseClient(Generic[_TransportT, _SleepT]):
             rng=random.Random(seed),
             offline=offline,
             clock_known=lambda: self.clock_offset_s is not None,
-            epoch=PROCESS_EPOCH,
+            epoch=monotonic_epoch(monotonic),
         )
         self._inherit_clock()
         self._connect(base_url, transport=transport, timeout=timeout, sleep=sleep)

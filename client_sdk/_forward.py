@@ -24,7 +24,8 @@ each under its lease, with the SAME key, as an advice:
 raw device clock, under a UUIDv4 key) and refused ``clock_skew`` or ``advice_too_old`` —
 refusals that store nothing — is re-stamped once, when the lookup that follows finds nothing
 under the key (404): ``captured_at`` becomes the sale's time on the server's clock, from the
-monotonic time recorded at the sale (same process only) and the offset now known; the
+monotonic time recorded at the sale (same monotonic origin only: the boot, or the process
+— ``Context.epoch``) and the offset now known; the
 journal records the re-stamp (old and new time), then the advice is resent under the same
 key. Any other case is reported, never re-stamped.
 
