@@ -372,8 +372,8 @@ class BaseClient(Generic[_TransportT, _SleepT]):
         self._keep_clock(self.clock_offset_s, received_at)
 
     def link_known_down(self) -> bool:
-        """Whether a request could not connect at all (full timeout) within the last
-        ``LINK_DOWN_MEMORY_S``, with no answer since."""
+        """Whether a request's connect timed out (its full timeout) within the last
+        ``LINK_DOWN_MEMORY_S``, with no answer since: a link that drops packets."""
         down = self._link_down_at
         return down is not None and self._ctx.monotonic() - down < LINK_DOWN_MEMORY_S
 
@@ -384,11 +384,13 @@ class BaseClient(Generic[_TransportT, _SleepT]):
             return timeout
         return httpx.Timeout(timeout, connect=min(timeout, LINK_DOWN_CONNECT_S))
 
-    def _note_link(self, reply: HttpReply | NoReply, *, short: bool) -> None:
-        """An answer: the link is up. No connection at all with the full timeout: down."""
-        if isinstance(reply, HttpReply):
+    def _note_link(self, failure: Exception | None, *, short: bool) -> None:
+        """An answer (``failure`` None): the link is up. A connect that timed out with the
+        full timeout: down. A connection refused (no route, DNS) costs no time: it changes
+        nothing here — the next request finds out as quickly."""
+        if failure is None:
             self._link_down_at = None
-        elif reply.link_down and not short:
+        elif isinstance(failure, httpx.ConnectTimeout) and not short:
             self._link_down_at = self._ctx.monotonic()
 
     def _server_now(self, local: float) -> float:

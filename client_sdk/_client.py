@@ -223,8 +223,9 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
 
     def _forward_first(self) -> None:
         """Under an offline policy, forward what is stored before the next sale; what it
-        finds is told through the callbacks, never raised into the sale."""
-        if self.offline is None:
+        finds is told through the callbacks, never raised into the sale. Not while the link
+        is known down: the pass would only find it down again, and the customer waits."""
+        if self.offline is None or self.link_known_down():
             return
         try:
             self._run(self._forwarding())
@@ -242,9 +243,8 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
         sent_at = self._ctx.clock()
         try:
             response = self._http.get(CLOCK_SYNC_PATH, timeout=CLOCK_SYNC_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - nothing was sent that matters: no payment yet
-            self._note_link(no_reply(exc), short=False)
-            return
+        except Exception:  # noqa: BLE001 - nothing was sent that matters: no payment yet
+            return  # (its short timeout proves nothing about a slow link: not "down")
         self._clock_asked = True
         self._observe_clock(response, sent_at)
 
@@ -252,15 +252,17 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
         sent_at = self._ctx.clock()
         short = self.link_known_down()
         kwargs = {**send_kwargs(effect), "timeout": self._timeout_for(effect.timeout)}
-        reply: Reply
         try:
             response = self._http.request(effect.method, effect.path, **kwargs)
-            self._observe_clock(response, sent_at)
-            reply = reply_from(response)
         except Exception as exc:
-            reply = no_reply(exc)
-        self._note_link(reply, short=short)
-        return reply
+            self._note_link(exc, short=short)
+            return no_reply(exc)
+        self._note_link(None, short=short)
+        try:
+            self._observe_clock(response, sent_at)
+            return reply_from(response)
+        except Exception as exc:
+            return no_reply(exc)
 
 
 class AsyncClient(BaseClient[httpx.AsyncBaseTransport, Callable[[float], Awaitable[None]]]):
@@ -380,7 +382,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, Callable[[float], Awaitab
 
     async def _forward_first(self) -> None:
         """``Client._forward_first``, awaited."""
-        if self.offline is None:
+        if self.offline is None or self.link_known_down():
             return
         try:
             await self._run(self._forwarding())
@@ -394,9 +396,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, Callable[[float], Awaitab
         sent_at = self._ctx.clock()
         try:
             response = await self._http.get(CLOCK_SYNC_PATH, timeout=CLOCK_SYNC_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - nothing was sent that matters: no payment yet
-            self._note_link(no_reply(exc), short=False)
-            return
+        except Exception:  # noqa: BLE001 - nothing was sent that matters: no payment yet
+            return  # (its short timeout proves nothing about a slow link: not "down")
         self._clock_asked = True
         self._observe_clock(response, sent_at)
 
@@ -404,12 +405,14 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, Callable[[float], Awaitab
         sent_at = self._ctx.clock()
         short = self.link_known_down()
         kwargs = {**send_kwargs(effect), "timeout": self._timeout_for(effect.timeout)}
-        reply: Reply
         try:
             response = await self._http.request(effect.method, effect.path, **kwargs)
-            self._observe_clock(response, sent_at)
-            reply = reply_from(response)
         except Exception as exc:
-            reply = no_reply(exc)
-        self._note_link(reply, short=short)
-        return reply
+            self._note_link(exc, short=short)
+            return no_reply(exc)
+        self._note_link(None, short=short)
+        try:
+            self._observe_clock(response, sent_at)
+            return reply_from(response)
+        except Exception as exc:
+            return no_reply(exc)
