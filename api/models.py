@@ -102,6 +102,9 @@ class Transaction(Base):
     offline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # The guard found a suspect and the cashier confirmed the sale ("allow_duplicate": true).
     duplicate_override: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The listing's commit-ordered position (migration 0011; contract §2.7): set by the
+    # database at insert — no insert names it — NULL on Citus, 0 for rows older than 0011.
+    listing_pos: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 # The terminal listing (GET /v1/transactions?terminal_id=…): keyset pages by (created_at, id).

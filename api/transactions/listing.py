@@ -1,10 +1,12 @@
 """``GET /v1/transactions``: a merchant's transactions, for one terminal or all, in pages.
 
 A terminal that lost its journal (device swap, factory reset) reconciles from here
-(``client.reconcile(since=…)``). Keyset pagination in a stable order — ``created_at``, then
-``id`` — so a page never skips or repeats a row however many transactions arrive meanwhile
-(new ones sort after the cursor or before ``since``). The cursor is opaque to clients: the
-last row's (created_at, id), base64url-encoded. Only the caller's merchant is ever read.
+(``client.reconcile(since=…)``). Keyset pagination in commit order — ``listing_pos``
+(migration 0011), then ``created_at``, then ``id`` — so a page never skips or repeats a row
+however many transactions arrive or commit meanwhile (``page``). The cursor is opaque to
+clients: the last row's position, base64url-encoded and signed (HMAC with ``secret_key``)
+for the merchant, ``terminal_id`` and ``since`` it was returned for; any other is 422.
+Only the caller's merchant is ever read.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import hashlib
 import hmac
 import json
 import re
+import weakref
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Engine, and_, literal_column, or_, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.datastructures import QueryParams
 
 from api.errors import ValidationFailedError
@@ -139,29 +143,92 @@ def parse(params: QueryParams) -> Query:
     )
 
 
+# The lowest position a transaction unfinished at this statement's snapshot may still commit:
+# the least of the snapshot's in-progress ids (``pg_snapshot_xip``), or its xmax. An id seen
+# running in *another* database (pg_stat_activity: a backend's database never changes) cannot
+# write our table and is left out, so another database's long transaction (a migration, a
+# CREATE DATABASE on a shared server) does not hold the listing back; anything else — ours,
+# finished since the snapshot, a prepared transaction, a subtransaction, a row hidden from
+# us — counts. (backend_xid is 32 bits: compared modulo 2^32.)
+_UNFINISHED = """(
+SELECT COALESCE(
+  (SELECT min(x::text::bigint) FROM pg_snapshot_xip(s.snap) AS x
+   WHERE x::text::bigint % 4294967296 NOT IN (
+     SELECT a.backend_xid::text::bigint FROM pg_stat_activity AS a
+     WHERE a.backend_xid IS NOT NULL AND a.datid IS NOT NULL
+       AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database()))),
+  pg_snapshot_xmax(s.snap)::text::bigint)
+FROM (SELECT pg_current_snapshot() AS snap) AS s)"""
+_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+_BY_POSITION: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
+
+
+async def _by_position(engine: AsyncEngine, conn: AsyncConnection) -> bool:
+    """Whether this database pages by ``listing_pos`` (SQLite, Postgres without Citus; asked
+    once per engine) or, on Citus, still by (created_at, id) — migration 0011."""
+    known = _BY_POSITION.get(engine.sync_engine)
+    if known is None:
+        known = conn.dialect.name == "sqlite" or not (await conn.execute(text(_CITUS))).scalar()
+        _BY_POSITION[engine.sync_engine] = known
+    return known
+
+
+def _after(table: Any, by_position: bool, after: list[Any]) -> Any:
+    """Rows after the cursor's row, in the page order."""
+    try:
+        if by_position:
+            kind, pos, created_text, last_id = after
+            if kind != "p" or not isinstance(pos, int):
+                raise ValueError
+        else:
+            kind, created_text, last_id = after
+            if kind != "t":
+                raise ValueError
+        last_created = datetime.fromisoformat(created_text)
+    except (ValueError, TypeError):  # signed by us, but for the other order: not this query's
+        raise _error("cursor", "not a cursor this endpoint returned") from None
+    created, txn_id = table.c.created_at, table.c.id
+    later = or_(created > last_created, and_(created == last_created, txn_id > last_id))
+    if not by_position:
+        return later
+    listing_pos = table.c.listing_pos
+    return or_(listing_pos > pos, and_(listing_pos == pos, later))
+
+
 async def page(service: TransactionService, merchant_id: str, query: Query) -> Outcome:
-    """One page of ``merchant_id``'s transactions, oldest first."""
+    """One page of ``merchant_id``'s transactions, in commit order (finding C of the review
+    of issue 16): by ``listing_pos`` (migration 0011), then created_at, then id. On Postgres
+    only rows below the oldest transaction still running are read — a row committed later
+    always has a higher position — so resuming from a cursor never skips one. On Citus, for
+    now, by (created_at, id), which can skip a row committed after the cursor passed its
+    created_at (docs/contract.md §2.7)."""
     secret = service.settings.secret_key
     after = decode_cursor(secret, merchant_id, query)
     table = Transaction.__table__
-    created, txn_id = table.c.created_at, table.c.id
+    created, txn_id, listing_pos = table.c.created_at, table.c.id, table.c.listing_pos
     conditions: list[Any] = [table.c.merchant_id == merchant_id, created >= query.since]
     if query.terminal_id is not None:
         conditions.append(table.c.terminal_id == query.terminal_id)
-    if after is not None:
-        last_created, last_id = datetime.fromisoformat(after[0]), after[1]
-        conditions.append(
-            or_(created > last_created, and_(created == last_created, txn_id > last_id))
-        )
-    statement = select(table).where(*conditions).order_by(created, txn_id).limit(query.limit + 1)
     async with service.reader.connect() as conn:
+        by_position = await _by_position(service.reader, conn)
+        if after is not None:
+            conditions.append(_after(table, by_position, after))
+        order: tuple[Any, ...] = (created, txn_id)
+        if by_position:
+            order = (listing_pos, created, txn_id)
+            if conn.dialect.name == "postgresql":  # nothing an unfinished writer may commit
+                conditions.append(listing_pos < literal_column(_UNFINISHED))
+        statement = select(table).where(*conditions).order_by(*order).limit(query.limit + 1)
         rows = list((await conn.execute(statement)).all())
     more = len(rows) > query.limit
     rows = rows[: query.limit]
     next_cursor = None
     if more:
-        last = [rows[-1].created_at.isoformat(), rows[-1].id]
-        next_cursor = encode_cursor(secret, merchant_id, query, last)
+        last = rows[-1]
+        position: list[Any] = ["t", last.created_at.isoformat(), last.id]
+        if by_position:
+            position = ["p", last.listing_pos, last.created_at.isoformat(), last.id]
+        next_cursor = encode_cursor(secret, merchant_id, query, position)
     body = {"data": [repository.body_of(row) for row in rows], "next_cursor": next_cursor}
-    text = json.dumps(body, separators=(",", ":")).encode()
-    return Outcome(200, text, RequestOutcome.FOUND)
+    text_ = json.dumps(body, separators=(",", ":")).encode()
+    return Outcome(200, text_, RequestOutcome.FOUND)
