@@ -60,7 +60,14 @@ def is_advice(record: KeyRecord) -> bool:
 
 
 async def take_over(service: TransactionService, record: KeyRecord, *, now: datetime) -> int | None:
-    """The key's new lease token, or None when another taker (or a finish) got there first."""
+    """The key's new lease token, or None when another taker (or a finish) got there first.
+
+    An offline advice whose lease is live is never taken over (None, nothing written): its
+    re-drive is running, and only an abort asks for a live lease (past the issuer timeout,
+    ``resolution._abort_may_take_over``) — it could not fence the advice anyway (``fence``),
+    and taking the lease would refuse the running re-drive's answer."""
+    if record.lease_live(now) and is_advice(record):
+        return None
     async with atomic(service.engine) as conn:
         return await store.take_over(conn, record, now=now, lease_s=service.settings.lease_seconds)
 

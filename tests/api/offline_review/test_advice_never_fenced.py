@@ -205,3 +205,19 @@ async def test_a_clients_abort_never_fences_an_advice_an_operators_does(
     )
     assert by_operator.status == 200 and b"aborted" in by_operator.body
     assert (await service.must_read(record.merchant_id, record.key)).state == "aborted"
+
+
+async def test_a_clients_abort_never_takes_a_live_lease_from_an_advices_re_drive(
+    service: TransactionService,
+) -> None:
+    """Past the issuer timeout an abort may take a live lease over (to fence an online key);
+    an advice's running re-drive keeps it — its answer is not refused."""
+    record = await _past_deadline(service, _payment(advice=True))
+    token = await recovery.take_over(service, record, now=utcnow())  # a re-drive starts
+    assert token is not None
+    running = await service.must_read(record.merchant_id, record.key)
+    assert running.lease_live(utcnow()) and running.lease_token == token
+    refused = await resolution.abort(service, record.merchant_id, record.key)
+    assert refused.status == 409, refused.body
+    after = await service.must_read(record.merchant_id, record.key)
+    assert (after.state, after.lease_token) == ("processing", token)
