@@ -246,7 +246,8 @@ def _advise(run: Run) -> Steps[Transaction]:
             # This attempt was refused and the server holds nothing under the key: the
             # refusal is about this entry (never processed so far).
             if refused.code in _RESTAMPED and not restamped and (yield from _restamp(run)):
-                restamped, refused, phase = True, None, Phase.CREATE
+                # a new body under the same key: its own sends (this happens once)
+                restamped, refused, phase, sends = True, None, Phase.CREATE, 0
                 continue
             if refused.code == "advice_too_old":
                 yield from _refused(run, refused, _error_outcome(refused))
@@ -275,9 +276,10 @@ _RESTAMPED = frozenset({"clock_skew", "advice_too_old"})
 def _restamp(run: Run) -> Steps[bool]:
     """Re-stamp ``captured_at`` of an advice stamped on the raw device clock (no offset
     known then), now that the offset is known: the sale's time on the server's clock is
-    now minus the monotonic time elapsed since the sale — only within the process that
-    recorded it (another boot's monotonic time means nothing). Journaled (old and new time)
-    before it is sent; False when it cannot be proven, or was done already."""
+    now minus the monotonic time elapsed since the sale — only on the monotonic origin
+    that recorded it (``Context.epoch``: the boot, or the process; another boot's monotonic
+    time means nothing). Journaled (old and new time) before it is sent; False when it
+    cannot be proven, or was done already."""
     ctx = run.ctx
     outcome = dict(run.entry.outcome or {})
     stamp = outcome.get("clock")

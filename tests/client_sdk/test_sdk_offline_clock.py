@@ -15,13 +15,14 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fake_idempay import API_KEY, CARD, FakeClock, FakeIdempay, Seen, _problem
+from fake_idempay import API_KEY, CARD, FakeClock, FakeIdempay, Seen, _problem, _transaction
 from offline_world import World, parse_time
 
 from client_sdk import (
@@ -204,7 +205,7 @@ def test_a_restamp_is_never_made_without_proof_from_another_process(tmp_path: Pa
         outcome["clock"] = {**outcome["clock"], "epoch": "an-earlier-boot"}
         pos.journal._db.execute(
             "UPDATE journal_entry SET outcome = ? WHERE key = ?",
-            (__import__("json").dumps(outcome), sale.id),
+            (json.dumps(outcome), sale.id),
         )
     world.link = "up"
     [result] = pos.forward()
@@ -328,3 +329,43 @@ def test_a_future_stamp_cannot_dodge_the_max_age_limit_on_new_offline_sales(
     with pytest.raises(OfflineLimitError) as refused:
         sell(pos, 1100)
     assert refused.value.limit == "max_age_s"
+
+
+def test_a_late_copy_of_the_old_advice_processed_first_is_the_result_of_the_restamp(
+    tmp_path: Path,
+) -> None:
+    """The re-stamped body differs from the advice sent before. If a delayed copy of that
+    earlier advice is processed first (the server's clock caught up with it), the re-stamped
+    one is refused ``idempotency_key_reused`` and the lookup finds the transaction: one key,
+    one transaction — never a second charge, never a new key."""
+    world = World(device_ahead=90.0)
+    inner = world.handle
+    old_bodies: dict[str, bytes] = {}
+
+    def late_copy_wins(request: httpx.Request) -> httpx.Response:
+        advice = b'"entry_mode":"offline"' in request.content
+        if advice and world.link == "up":
+            key = request.headers["idempotency-key"]
+            if key not in old_bodies:
+                old_bodies[key] = request.content
+            elif request.content != old_bodies[key] and key not in world.keys:
+                # the first copy, held by the network, lands now with its old body
+                body = json.loads(old_bodies[key])
+                world.keys[key] = (
+                    json.dumps(body, sort_keys=True),
+                    _transaction(key, body),
+                )
+                world.processed[key] = 1
+        return inner(request)
+
+    pos = world_client(world, tmp_path / "pos.db", transport=httpx.MockTransport(late_copy_wins))
+    world.link = "down"
+    sold = sell(pos)
+    world.link = "up"
+    [result] = pos.forward()
+    assert result.state is JournalState.RESOLVED, result.error
+    assert result.transaction is not None and result.transaction.id == sold.id
+    assert world.processed == {sold.id: 1}
+    codes = [(a.status, a.code) for a in world.creates(sold.id)]
+    assert codes == [(422, "clock_skew"), (422, "idempotency_key_reused")]
+    pos.close()
