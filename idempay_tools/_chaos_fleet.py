@@ -9,7 +9,19 @@ then settles its journal and exits. It prints one JSON line per payment the SDK 
 counts at the end.
 
 ``TerminalProcess`` supervises one terminal from a thread: ``kill()`` SIGKILLs it and a
-new process starts on the same journal after ``reboot_delay_s``.
+new process starts on the same journal after ``reboot_delay_s``. Each process runs in a
+session of its own (a Ctrl-C to the harness does not kill it mid-write: the harness stops
+it) and is registered by PID (``idempay_tools._chaos_services.Tracker``); none is started
+once the run is closing, and a terminal whose harness has gone (its parent changed) stops
+selling and exits.
+
+Under an offline policy (the link-outage phase, ``idempay_tools._chaos_outage``) each line
+also says whether the SDK accepted the payment offline (``"offline": true``) and the
+terminal's risk counters after it (``"exposure": [stored count, stored amount]``, from the
+journal), a boot in the outage recovers what it can and sells on without waiting for
+the link, and what became of every payment its journal holds sold offline (forwarded:
+the server's status; ``refused``; ``stored``) is reported at boot and at the end — also
+those a killed process had sold, which the SDK forwards before a later sale.
 
 ``Probe`` sends a create straight to the API (not through the proxy) every
 ``interval_s``, for the time-to-recover figures: a probe succeeds when the create answers
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import resource
 import signal
@@ -29,6 +42,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +50,8 @@ from typing import Any
 import httpx
 
 from idempay_tools._chaos_lake import ProbeCreate
+from idempay_tools._chaos_outage import advice_status, is_advice
+from idempay_tools._chaos_services import Tracker
 from idempay_tools.simulate import FleetConfig, Terminal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,10 +71,19 @@ class Tally:
         self.completed: list[float] = []  # monotonic time of each payment the SDK settled
         self.by_terminal: dict[str, list[float]] = {}
         self.journal_failures: list[tuple[str, str, str]] = []  # (terminal, key, kind)
+        self.offline: dict[str, str] = {}  # key → terminal: the SDK accepted it offline
+        self.exposure: dict[str, list[tuple[float, int, int]]] = {}  # terminal → (t, n, amount)
 
-    def record(self, key: str, status: str, terminal: str = "") -> None:
+    def exposed(self, terminal: str, count: int, amount: int) -> None:
+        """The terminal's offline risk counters, as it reported them after a sale or boot."""
+        with self._lock:
+            self.exposure.setdefault(terminal, []).append((time.monotonic(), count, amount))
+
+    def record(self, key: str, status: str, terminal: str = "", *, offline: bool = False) -> None:
         now = time.monotonic()
         with self._lock:
+            if offline and key:
+                self.offline[key] = terminal
             if status in ("storage_error", "journal_error"):
                 self.journal_failures.append((terminal, key, status))
                 if not key:
@@ -82,6 +107,7 @@ class TerminalProcess:
     index: int
     stop_file: Path
     tally: Tally
+    tracker: Tracker | None = None
     think_s: float = 0.05
     reboot_delay_s: float = 1.0
     kills: int = 0
@@ -116,9 +142,15 @@ class TerminalProcess:
 
     def join(self, timeout: float) -> bool:
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(max(0.0, timeout))
             return not self._thread.is_alive()
         return True
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     def limit_journal(self, size: int | None) -> int | None:
         """RLIMIT_FSIZE of the running process: no file it writes grows past ``size`` bytes
@@ -145,13 +177,18 @@ class TerminalProcess:
             if self._proc is not None and self._proc.poll() is None:
                 self._proc.kill()
 
+    def _closing(self) -> bool:
+        return self.tracker is not None and self.tracker.closing.is_set()
+
     def _supervise(self) -> None:
         reboot = False
-        while True:
+        while not self._closing():
             self._run_once(reboot=reboot)
             with self._lock:
                 killed, self._killed = self._killed, False
                 code = self._proc.returncode if self._proc is not None else None
+            if self._closing():
+                return
             if killed:
                 time.sleep(self.reboot_delay_s)
                 reboot = True
@@ -172,20 +209,28 @@ class TerminalProcess:
             "reboot": reboot,
         }
         with self._lock:
+            if self._closing():
+                return
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "idempay_tools._chaos_fleet", json.dumps(spec)],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 text=True,
+                start_new_session=True,
             )
             proc = self._proc
+            if self.tracker is not None:
+                self.tracker.registry.add(proc.pid, self.terminal_id)
         assert proc.stdout is not None
         last: dict[str, Any] = {}
         for line in proc.stdout:
             with contextlib.suppress(ValueError):
                 last = json.loads(line)
             if "key" in last:
-                self.tally.record(last["key"], last["status"], self.terminal_id)
+                offline = bool(last.get("offline"))
+                self.tally.record(last["key"], last["status"], self.terminal_id, offline=offline)
+            if "exposure" in last:
+                self.tally.exposed(self.terminal_id, *last["exposure"])
             if last.get("booted"):
                 self.booted_at = time.monotonic()
             if "counts" in last:
@@ -205,16 +250,47 @@ def _child(argv: list[str]) -> None:
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
 
+    parent = os.getppid()
     with contextlib.closing(Terminal(config, spec["index"], rebooted=spec["reboot"])) as pos:
-        for key, status in pos.settle().items():  # recover() what a kill left in doubt
+        offline = pos.client.offline is not None
+
+        def exposure() -> dict[str, Any]:
+            if not offline:
+                return {}
+            counters = pos.client.journal.offline_exposure()
+            return {"exposure": [counters.count, sum(counters.amounts.values())]}
+
+        def sold_offline() -> dict[str, str]:
+            if not offline:
+                return {}
+            entries = pos.client.journal.entries()
+            return {e.key: advice_status(e) for e in entries if is_advice(e)}
+
+        # recover() what a kill left in doubt; in the outage, without waiting for the link
+        settled = pos.settle(wait_for_link=False)
+        settled.update(sold_offline())
+        for key, status in settled.items():
             emit({"key": key, "status": status, "boot": True})
-        emit({"booted": True})
-        while not stop_file.exists():
-            emit(dict(zip(("key", "status"), pos.sell(), strict=True)))
+        emit({"booted": True, **exposure()})
+        while not stop_file.exists() and os.getppid() == parent:
+            offline_before = pos.counts["offline_sales"]
+            key, status = pos.sell()
+            emit(
+                {
+                    "key": key,
+                    "status": status,
+                    "offline": pos.counts["offline_sales"] > offline_before,
+                    **exposure(),
+                }
+            )
             time.sleep(rng.uniform(0.0, spec["think_s"]))
-        for key, status in pos.settle().items():
+        if os.getppid() != parent:  # the harness is gone: nobody reads us any more
+            return
+        settled = pos.settle()
+        settled.update(sold_offline())
+        for key, status in settled.items():
             emit({"key": key, "status": status})
-        emit({"counts": dict(pos.counts), "done": True})
+        emit({"counts": dict(pos.counts), "done": True, **exposure()})
 
 
 class Probe:
@@ -265,27 +341,32 @@ class Probe:
                 self.results.append((started, ok))
                 self.creates.append(ProbeCreate(key, started, answered))
 
-    def settle(self, *, timeout: float = 90.0) -> dict[str, int]:
-        """Give every probe key a definitive state: processed, or fenced by abort."""
-        outcome: Counter[str] = Counter()
+    def settle(self, *, timeout: float = 90.0, parallel: int = 8) -> dict[str, int]:
+        """Give every probe key a definitive state: processed, or fenced by abort (``parallel``
+        keys at a time); the keys not settled when ``timeout`` is spent are counted
+        ``unsettled``."""
         deadline = time.monotonic() + timeout
-        with httpx.Client(base_url=self.base_url, timeout=5.0, headers=self._headers) as http:
-            for key in self.keys:
-                while time.monotonic() < deadline:
-                    try:
-                        found = http.get(f"/v1/transactions/{key}")
-                        if found.status_code == 404:
-                            found = http.post(f"/v1/transactions/{key}/abort")
-                    except httpx.HTTPError:
-                        time.sleep(0.5)
-                        continue
-                    if found.status_code in (200, 410):
-                        outcome[found.headers.get("idempotency-status", "?")] += 1
-                        break
-                    time.sleep(0.5)
-                else:
-                    outcome["unsettled"] += 1
-        return dict(outcome)
+        with (
+            httpx.Client(base_url=self.base_url, timeout=5.0, headers=self._headers) as http,
+            ThreadPoolExecutor(parallel, thread_name_prefix="probe-settle") as pool,
+        ):
+            states = list(pool.map(lambda key: self._settle_key(http, key, deadline), self.keys))
+        return dict(Counter(states))
+
+    @staticmethod
+    def _settle_key(http: httpx.Client, key: str, deadline: float) -> str:
+        while time.monotonic() < deadline:
+            try:
+                found = http.get(f"/v1/transactions/{key}")
+                if found.status_code == 404:
+                    found = http.post(f"/v1/transactions/{key}/abort")
+            except httpx.HTTPError:
+                time.sleep(0.5)
+                continue
+            if found.status_code in (200, 410):
+                return str(found.headers.get("idempotency-status", "?"))
+            time.sleep(0.5)
+        return "unsettled"
 
 
 if __name__ == "__main__":

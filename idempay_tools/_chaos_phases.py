@@ -3,7 +3,10 @@
 - ``Exporter``: ``idempay export --date D --lake LAKE`` for every UTC day of the run, one
   after the other for as long as the fleet sells (so exports overlap every fault), and a
   final one after the API has stopped and flushed its request events. A failed export
-  (PostgreSQL down, a restore) is counted, not fatal: the next one retries the day.
+  (PostgreSQL down, a restore) is counted, not fatal: the next one retries the day. Each
+  export is a process of its own session, registered by PID, and bounded: by
+  ``EXPORT_TIMEOUT_S``, and by the phase's time left (``Tracker``); ``stop()`` ends the
+  loop's export in flight (SIGTERM, then SIGKILL) instead of waiting for it.
 - ``NoisyNeighbour``: one merchant floods the API with ``tok_issuer_down`` creates from
   ``connections`` threads (each key holds an issuer call until its timeout, then the
   completer re-drives it until the issuer deadline voids it), while a victim merchant sends
@@ -17,6 +20,10 @@ fleet's business; these measure the server.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +36,8 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import httpx
+
+from idempay_tools._chaos_services import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT_TIMEOUT_S = 120.0
@@ -43,45 +52,91 @@ def run_days(started_at: datetime, now: datetime | None = None) -> list[date]:
 class Exporter:
     """``idempay export`` in a loop beside the fleet, then once more at the end."""
 
-    def __init__(self, env: Mapping[str, str], lake: Path, log: Path, *, pause_s: float = 2.0):
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        lake: Path,
+        log: Path,
+        *,
+        pause_s: float = 2.0,
+        tracker: Tracker | None = None,
+    ):
         self.env, self.lake, self.log, self.pause_s = dict(env), lake, log, pause_s
+        self.tracker = tracker
         self.started_at = datetime.now(UTC)
-        self.runs: Counter[str] = Counter()  # ok / failed
+        self.runs: Counter[str] = Counter()  # ok / failed / timed_out
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="exporter", daemon=True)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.started_at = datetime.now(UTC)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, timeout: float = 15.0) -> bool:
+        """End the loop: its export in flight is stopped, not waited for (the final
+        export runs afterwards). False when the loop did not end within ``timeout``."""
         self._stop.set()
-        self._thread.join(EXPORT_TIMEOUT_S + 10)
+        self._end_current()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
-    def export(self) -> bool:
-        """One export of every day of the run; True when each day's export succeeded."""
+    def export(self, *, cap: float = EXPORT_TIMEOUT_S) -> bool:
+        """One export of every day of the run; True when each day's export succeeded
+        (each within ``cap`` and the phase's time left)."""
         ok = True
         for day in run_days(self.started_at):
-            ok = self._export_day(day) and ok
+            ok = self._export_day(day, cap) and ok
         return ok
 
-    def _export_day(self, day: date) -> bool:
-        import os
+    def _end_current(self) -> None:
+        with self._lock:
+            proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
+    def _export_day(self, day: date, cap: float) -> bool:
         argv = [sys.executable, "-m", "api", "export", "--date", day.isoformat()]
         argv += ["--lake", str(self.lake)]
+        timeout = self.tracker.left(cap) if self.tracker is not None else cap
+        if self.tracker is not None and self.tracker.closing.is_set():
+            return False
+        if timeout <= 0:  # the phase has no time left for it
+            self.runs["timed_out"] += 1
+            return False
         with self.log.open("a") as log:
-            log.write(f"--- {datetime.now(UTC).isoformat()} export {day}\n")
+            log.write(f"--- {datetime.now(UTC).isoformat()} export {day} (≤ {timeout:.0f} s)\n")
             log.flush()
-            try:
-                done = subprocess.run(
+            with self._lock:
+                if self._stop.is_set() and threading.current_thread() is self._thread:
+                    return False
+                proc = self._proc = subprocess.Popen(
                     argv, cwd=ROOT, env={**os.environ, **self.env}, stdout=log,
-                    stderr=subprocess.STDOUT, timeout=EXPORT_TIMEOUT_S, check=False,
+                    stderr=subprocess.STDOUT, start_new_session=True,
                 )  # fmt: skip
-                ok = done.returncode == 0
+                if self.tracker is not None:
+                    self.tracker.registry.add(proc.pid, f"export {day}", group=True)
+            try:
+                ok = proc.wait(timeout) == 0
+                outcome = "ok" if ok else "failed"
             except subprocess.TimeoutExpired:
-                ok = False
-        self.runs["ok" if ok else "failed"] += 1
+                ok, outcome = False, "timed_out"
+                self._end_current()
+                log.write(f"--- export {day} stopped after {timeout:.0f} s\n")
+            finally:
+                with self._lock:
+                    self._proc = None
+        if not (self._stop.is_set() and threading.current_thread() is self._thread):
+            self.runs[outcome] += 1  # an export the stop cut short is not counted
         return ok
 
     def _loop(self) -> None:
@@ -123,10 +178,13 @@ class NoisyNeighbour:
     flood_sent: Counter[str] = field(default_factory=Counter)
     results: list[Victim] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _until: float = math.inf
 
-    def run(self, hold_s: float) -> float:
+    def run(self, hold_s: float, *, until: float = math.inf) -> float:
         """Flood for ``hold_s`` while the victims pay; wait for every victim to end (at most
-        the deadline and a margin). Returns the monotonic time the flood stopped."""
+        the deadline and a margin, and never past ``until``, monotonic: the victims still
+        pending then stay ``unsettled``). Returns the monotonic time the flood stopped."""
+        self._until = until
         stop = threading.Event()
         began = time.monotonic()
         flood = [
@@ -146,8 +204,9 @@ class NoisyNeighbour:
         stop.wait(max(0.0, began + hold_s - time.monotonic()))
         stop.set()
         stopped = time.monotonic()
-        for thread in [*flood, *victims]:
-            thread.join(self.deadline_s + 60)
+        end = min(stopped + self.deadline_s + 45.0, until)
+        for thread in [*flood, *victims]:  # one deadline for all of them, not one each
+            thread.join(max(0.0, end - time.monotonic()))
         return stopped
 
     def _flood(self, stop: threading.Event) -> None:
@@ -171,7 +230,7 @@ class NoisyNeighbour:
         with self._lock:
             self.results.append(victim)
         headers = {"Authorization": f"Bearer {self.victim_key}"}
-        until = victim.sent + self.deadline_s + 30.0
+        until = min(victim.sent + self.deadline_s + 30.0, self._until)
         created = False
         with httpx.Client(base_url=self.base_url, headers=headers, timeout=15.0) as http:
             while time.monotonic() < until:

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 
 if TYPE_CHECKING:
     from idempay_tools._chaos_lake import LakeCheck
+    from idempay_tools._chaos_outage import Held, OfflineCheck
     from idempay_tools._chaos_phases import NoisyNeighbour
     from idempay_tools.chaos import Fault
     from idempay_tools.invariants import InvariantReport
@@ -31,6 +32,7 @@ _FAULT_NAMES = {
     "db_restore": "database restored from a dump, Redis kept",
     "rolling_restart": "API workers SIGTERMed in turn (rolling restart)",
     "noisy_neighbour": "noisy neighbour: issuer-down flood",
+    "link_outage": "link outage: terminals sell offline, two SIGKILLed holding stored payments",
 }
 _RECOVERED_BY = {
     "worker_kill": "new worker up, then a probe create answered",
@@ -42,6 +44,7 @@ _RECOVERED_BY = {
     "db_restore": "API up on the restored database, then a probe create answered",
     "rolling_restart": "every worker replaced, then a probe create answered",
     "noisy_neighbour": "every victim payment final",
+    "link_outage": "link back, then every terminal of the outage reported nothing stored",
 }
 
 
@@ -76,13 +79,17 @@ async def _pending(database_url: str, merchants: Sequence[str]) -> tuple[int, in
         await engine.dispose()
 
 
-async def drain(database_url: str, merchants: Sequence[str]) -> Drained:
-    """Wait (bounded) for the completer to finish every key and the relay every event."""
+async def drain(
+    database_url: str, merchants: Sequence[str], *, within: float = DRAIN_TIMEOUT_S
+) -> Drained:
+    """Wait (at most ``within`` seconds) for the completer to finish every key and the relay
+    every event; what was left then."""
     started = time.monotonic()
     while True:
         processing, unsent = await _pending(database_url, merchants)
-        if (processing == 0 and unsent == 0) or time.monotonic() - started > DRAIN_TIMEOUT_S:
-            return Drained(processing, unsent, time.monotonic() - started)
+        waited = time.monotonic() - started
+        if (processing == 0 and unsent == 0) or waited + 1.0 > within:
+            return Drained(processing, unsent, waited)
         await asyncio.sleep(1.0)
 
 
@@ -170,7 +177,10 @@ class Result:
     faults: list[Fault]
     skewed: dict[str, float]  # terminal → clock offset (s)
     lake: LakeCheck
-    exports: dict[str, int]  # ok / failed export runs
+    offline: OfflineCheck
+    outage_terminals: list[str]  # the terminals whose link went down
+    held: list[Held]  # terminals SIGKILLed in the outage and what they held
+    exports: dict[str, int]  # ok / failed / timed_out export runs
     noisy: NoisyNeighbour
     journal_failures: list[tuple[str, str, str]]  # (terminal, key, kind)
     refused_skewed: int  # payments refused on a terminal whose clock is off
@@ -187,6 +197,8 @@ class Result:
     errors: list[str]
     command: str
     started: float  # monotonic start of the fleet
+    phases: list[tuple[str, str, str, str]]  # (phase, at s, took s, budget s)
+    budget_s: float  # the whole run's deadline
     when: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))
 
     def rows(self) -> list[tuple[str, int]]:
@@ -211,6 +223,7 @@ class Result:
                 len(self.noisy.late_or_lost()) if self.kills.get("noisy_neighbour") else 0,
             ),
             *self.lake.rows(),
+            *self.offline.rows(),
             ("lost payments", fleet.lost),
             ("journal entries not definitive", fleet.journal_open),
             ("keys stuck processing", self.drained.processing_left),
@@ -280,8 +293,9 @@ class Result:
             ("5xx answered by the server (logged)", _fmt_counts(self.checks.status_5xx) or "0"),
             ("probe creates (failed)", f"{self.probe[0]} ({self.probe[1]})"),
             (
-                "lake exports during the run + final (failed)",
-                f"{sum(self.exports.values())} ({self.exports.get('failed', 0)})",
+                "lake exports during the run + final (failed, timed out)",
+                f"{sum(self.exports.values())} ({self.exports.get('failed', 0)}, "
+                f"{self.exports.get('timed_out', 0)})",
             ),
             (
                 "request events: database / lake",
@@ -301,6 +315,14 @@ class Result:
             ("completer + relay drain after the run", f"{self.drained.seconds:.1f} s"),
         ]
 
+    def offline_rows(self) -> list[tuple[str, str]]:
+        rows = [("terminals whose link went down", ", ".join(self.outage_terminals) or "—")]
+        rows += [
+            (f"SIGKILLed {h.when}", f"{h.terminal}, holding {len(h.keys)} stored")
+            for h in self.held
+        ]
+        return rows + self.offline.figures()
+
     def _journal_failures(self) -> str:
         kinds = Counter(kind for _, _, kind in self.journal_failures)
         return _fmt_counts(dict(kinds)) or "0"
@@ -313,6 +335,15 @@ class Result:
             )
             or "—"
         )
+
+
+def _policy() -> str:
+    from idempay_tools._chaos_outage import OUTAGE_POLICY as policy
+
+    return (
+        f"floor limit {policy.floor_limit}, at most {policy.max_stored_count} payments and "
+        f"{policy.max_stored_amount} stored, max age {policy.max_age_s:g} s (minor units)"
+    )
 
 
 def _fmt_counts(counts: dict[str, int] | dict[int, int]) -> str:
@@ -343,10 +374,22 @@ def show(result: Result) -> None:
     for name, count in result.rows():
         checks.add_row(name, str(count), "ok" if count == 0 else "[red]FAIL")
     console.print(checks)
+    offline = Table(title="link outage: offline store and forward")
+    offline.add_column("measure")
+    offline.add_column("value", justify="right")
+    for name, value in result.offline_rows():
+        offline.add_row(name, value)
+    console.print(offline)
+    phases = Table(title=f"phases (the run's deadline {result.budget_s:.0f} s)")
+    for column in ("phase", "at s", "took s", "budget s"):
+        phases.add_column(column)
+    for row in result.phases:
+        phases.add_row(*row)
+    console.print(phases)
     checked = (result.checks.fleet, result.checks.probe, result.checks.noisy)
     for violation in [v for report in checked for v in report.violations][:20]:
         console.print(f"  {violation.invariant} {violation.key}: {violation.detail}")
-    for example in result.lake.examples:
+    for example in (*result.lake.examples, *result.offline.examples):
         console.print(f"  {example}")
     for terminal, key, kind in result.journal_failures:
         if key:
@@ -403,6 +446,27 @@ def markdown(result: Result) -> str:
     lines += [f"| {name} | {value} |" for name, value in result.total_rows()]
     lines += [
         "",
+        "## Link outage: offline store and forward (issue 16)",
+        "",
+        "The outage of `idempay simulate --outage` (`idempay_tools/simulate_outage.py`), in",
+        "the run's first fault slot. Every terminal sells under an offline policy —",
+        f"{_policy()}.",
+        "For the terminals below every connection is refused for the outage's hold, so",
+        "they sell offline (within those limits), and two of them are SIGKILLed holding stored",
+        "payments — one 40 % into the outage (it may reboot while the link is still down:",
+        "it recovers what it can and sells offline on top of what it held), one just before",
+        "the link comes back (its `recover()` at boot forwards). The invariants (`offline: …`",
+        "rows under Invariants) are read from every journal and the database.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {value} |" for name, value in result.offline_rows()]
+    if result.offline.examples:
+        lines += ["", "Offline violations (the first 20):", ""]
+        lines += [f"- `{example}`" for example in result.offline.examples]
+    lines += [
+        "",
         "503 answers are `service_unavailable` while PostgreSQL was down (contract §2: nothing",
         "was processed, the SDK retries with the same key); a 500 would be a failure.",
         "",
@@ -426,12 +490,24 @@ def markdown(result: Result) -> str:
             f"| {balance.merchant_id} | {balance.currency} | {balance.ledger} | "
             f"{balance.expected} |"
         )
+    lines += [
+        "",
+        "## Phases",
+        "",
+        "Wall time of each phase of the run (issue 22: each has a budget derived from the",
+        "duration, and a phase that overruns fails the run, named); the whole run's deadline",
+        f"was {result.budget_s:.0f} s.",
+        "",
+        "| phase | at (s) | took (s) | budget (s) |",
+        "|---|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in result.phases]
     lines += ["", *FINDINGS]
     return "\n".join(lines) + "\n"
 
 
 INVARIANT_NOTES = [
-    "What the rows added for issues 14, 22, 23 and 24 mean:",
+    "What the rows added for issues 14, 16, 22, 23 and 24 mean:",
     "",
     "- *payments refused on a clock-skewed terminal*: contract §4, a terminal whose clock is off",
     "  still sells (the SDK corrects its clock by the server's); a refusal (e.g. 422",
@@ -446,6 +522,14 @@ INVARIANT_NOTES = [
     "  got an answer to is logged exactly once, except creates answered in the 5 s before a",
     "  worker SIGKILL (its unflushed events: the one documented loss) and between a dump and",
     "  its restore (the restore takes them back).",
+    "- *offline: …*: issue 16, contract §4.12 and §8, over every journal and the database:",
+    "  every payment sold offline (a journal entry holding an advice) ends forwarded —",
+    "  exactly one transaction, with the journal's status and `offline = true` — or refused",
+    "  as the contract says (422 `advice_too_old`, or a fenced key: REPORTED, no",
+    "  transaction); none left stored; every key the SDK answered `offline=True` is in its",
+    "  journal; every payment a killed terminal held was forwarded or refused so; no",
+    "  offline key with two charges, no offline transaction no terminal stored; no stored",
+    "  count or amount a terminal reported over the policy, no offline sale over the floor.",
     "- Payments reported between a dump and its restore are not required to be in the",
     "  database (the restore took them back; never twice); a payment reported *after* the",
     "  restore must be, so a stale Redis answer for a key the restored database lacks counts",

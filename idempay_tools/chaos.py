@@ -2,7 +2,7 @@
 schedule; then contract §8's invariants and the ledger balance per merchant.
 
     python -m idempay_tools.chaos [--duration 300] [--seed 7] [--terminals 12]
-                             [--report docs/reliability.md] [--keep]
+                             [--report docs/reliability.md] [--keep] [--deadline S]
 
 What runs (all private to the run, on loopback): a PostgreSQL cluster and a Redis of the
 harness's own (``idempay_tools._chaos_services``), ``idempay serve --workers 2`` on them,
@@ -22,9 +22,12 @@ selling on, API stopped, ``pg_restore``, ``idempay admin new-epoch``, API starte
 lookup of every payment the restore took back); a rolling restart (each API worker
 SIGTERMed in turn); a noisy neighbour (a fourth merchant floods ``tok_issuer_down``
 creates while another's ``tok_issuer_timeout`` payments must finish within the issuer
-deadline). Each lands in its own slot of the run; a 5-minute run holds every kind at
-least once (worker and terminal kills three times), a short run (the ``make test``
-variant) each kind once.
+deadline); a link outage (issue 16, ``idempay_tools._chaos_outage``: half the fleet's link
+refuses every connection, those terminals sell offline under their offline policy, two of
+them are SIGKILLed holding stored payments and rebooted, and everything stored is
+forwarded once the link is back). Each lands in its own slot of the run; a 5-minute run
+holds every kind at least once (worker and terminal kills three times), a short run (the
+``make test`` variant) each kind once.
 
 After the run the terminals stop selling and settle their journals, the completer and the
 relay drain, the API stops (flushing its request events), a final export runs, and the
@@ -33,8 +36,21 @@ every outbox event relayed, nothing stuck processing, no 500 answered, no termin
 died on its own, no payment refused for a skewed clock, no raw storage error after a send,
 no stale answer after the restore, every victim of the flood approved in time, and the lake
 (``idempay_tools._chaos_lake``): every request event in the database in the lake exactly
-once. Time to recover (per fault): from the injection until the component was back *and*
-work went through again (``_chaos_report._RECOVERED_BY``).
+once; and the offline checks (``_chaos_outage.check_offline``): every payment sold offline
+forwarded and processed exactly once, or refused as the contract says, none left stored or
+lost across a kill, the risk limits never exceeded. Time to recover (per fault): from the
+injection until the component was back *and* work went through again
+(``_chaos_report._RECOVERED_BY``).
+
+Bounded (issue 22, ``idempay_tools._chaos_budget``): each phase (setup, fleet, settle,
+probe, drain, stop, export, checks) has a deadline derived from ``--duration``, every wait
+and command inside it is capped by that deadline, and a phase that overruns is named in the
+output (and fails the run); the whole run has a deadline (``--deadline``, by default
+derived from the duration), and a phase blocked past its deadline is interrupted
+(SIGALRM). Every process the run starts is registered by PID
+(``idempay_tools._chaos_reaper``): SIGTERM, SIGINT or SIGHUP stop them all and remove the
+run's folder before the harness exits (status 128 + the signal), and a watcher process
+does the same if the harness itself dies without cleaning up (SIGKILL).
 
 Exit status 0 only when every check holds. ``--report PATH`` writes the run as Markdown
 (``docs/reliability.md`` under ``make chaos``).
@@ -44,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -52,26 +69,52 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
 from idempay_tools import _chaos_report as report
+from idempay_tools._chaos_budget import (
+    CLEANUP_S,
+    Interrupted,
+    Overrun,
+    Timeline,
+    install_signal_handlers,
+    total_budget,
+)
 from idempay_tools._chaos_fleet import Probe, Tally, TerminalProcess
 from idempay_tools._chaos_lake import check_lake
+from idempay_tools._chaos_outage import (
+    KILL_BEFORE_END_S,
+    KILL_DURING,
+    OUTAGE_SHARE,
+    Held,
+    all_forwarded_since,
+    check_offline,
+    forwarded_between,
+    outage_indices,
+    stored_keys,
+)
 from idempay_tools._chaos_phases import Exporter, NoisyNeighbour
+from idempay_tools._chaos_reaper import CLEAN, KEEP, sweep
 from idempay_tools._chaos_services import (
     ROOT,
     Api,
-    PrivatePostgres,
-    PrivateRedis,
+    ChaosPostgres,
+    ChaosRedis,
     Sidecar,
+    Tracker,
     migrate_and_keys,
 )
 from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
 from idempay_tools.serve_process import say
+
+_T = TypeVar("_T")
 
 MERCHANTS = ("chaos-m1", "chaos-m2", "chaos-m3")
 PROBE = "chaos-probe"
@@ -90,6 +133,7 @@ KINDS = (
     "db_restore",
     "rolling_restart",
     "noisy_neighbour",
+    "link_outage",
 )
 LONG_COUNTS = {
     "worker_kill": 3,
@@ -101,6 +145,7 @@ LONG_COUNTS = {
     "db_restore": 1,
     "rolling_restart": 1,
     "noisy_neighbour": 1,
+    "link_outage": 1,  # one outage window per run (the terminals' OutageLink holds one)
 }
 RECOVER_TIMEOUT_S = 90.0
 JOURNAL_FULL_BYTES = 4096  # RLIMIT_FSIZE: every journal write past the first page fails
@@ -138,6 +183,7 @@ class Fault:
     at_s: float  # planned, from the start of the fleet
     hold_s: float  # how long the component stays down / the burst lasts
     injected: float = 0.0  # monotonic
+    finished: bool = False  # its injection and recovery wait are over
     healed: float | None = None
     recovered: float | None = None
     probe_failures: int = 0
@@ -150,11 +196,15 @@ class Fault:
 
 def plan(duration_s: float, seed: int) -> list[Fault]:
     """The fault schedule: each fault in its own slot after a warm-up, order and offsets
-    drawn from ``seed``. At least 5 minutes: ``LONG_COUNTS``; shorter: each kind once."""
+    drawn from ``seed`` (the link outage first). At least 5 minutes: ``LONG_COUNTS``;
+    shorter: each kind once."""
     rng = random.Random(f"{seed}:plan")
     counts = LONG_COUNTS if duration_s >= 300 else dict.fromkeys(KINDS, 1)
     kinds = [kind for kind, n in counts.items() for _ in range(n)]
     rng.shuffle(kinds)
+    if "link_outage" in kinds:  # the first slot: its window is set on the terminals' clock
+        kinds.remove("link_outage")  # when the fleet starts, so no fault may overrun into it
+        kinds.insert(0, "link_outage")
     warmup = min(15.0, duration_s * 0.1)
     slot = (duration_s - warmup) / len(kinds)
     holds = {
@@ -167,6 +217,7 @@ def plan(duration_s: float, seed: int) -> list[Fault]:
         "db_restore": min(10.0, slot * 0.4),  # selling between the dump and the restore
         "rolling_restart": 0.0,
         "noisy_neighbour": min(20.0, slot * 0.6),
+        "link_outage": min(20.0, slot * 0.8),
     }
     return [
         Fault(kind, warmup + i * slot + rng.uniform(0.0, slot * 0.2), holds[kind])
@@ -180,8 +231,10 @@ class Run:
 
     args: argparse.Namespace
     root: Path
-    pg: PrivatePostgres
-    redis: PrivateRedis
+    timeline: Timeline
+    tracker: Tracker
+    pg: ChaosPostgres
+    redis: ChaosRedis
     api: Api
     sidecars: list[Sidecar]
     proxy: ProxyThread
@@ -193,35 +246,52 @@ class Run:
     env: dict[str, str]
     exporter: Exporter
     noisy: NoisyNeighbour
+    outage_ids: list[str] = field(default_factory=list)  # terminals whose link goes down
+    held: list[Held] = field(default_factory=list)  # killed in the outage, holding stored
     started: float = 0.0
     fleet_s: float = 0.0
     errors: list[str] = field(default_factory=list)
     restores: list[tuple[float, float]] = field(default_factory=list)  # (dump, API stopped)
+    restores_wall: list[tuple[float, float]] = field(default_factory=list)  # the same, unix
     after_restore: dict[str, int] = field(default_factory=dict)  # key → lookup status
+    threads: list[threading.Thread] = field(default_factory=list)  # the fault schedules
+
+    def _left(self, cap: float = RECOVER_TIMEOUT_S) -> float:
+        """What a fault's wait may take: ``cap``, never past the fleet phase's deadline."""
+        return self.timeline.left(cap, phase="fleet")
+
+    def _until(self, start: float, cap: float = RECOVER_TIMEOUT_S) -> float:
+        """A fault's deadline (monotonic): ``start + cap``, or the fleet's, if sooner."""
+        return min(start + cap, self.timeline.deadline("fleet"))
 
     # ------------------------------------------------------------------ the faults
     def inject(self, fault: Fault) -> None:
         fault.injected = time.monotonic()
         getattr(self, f"_{fault.kind}")(fault)
         if fault.recovered is None and fault.healed is not None:
-            deadline = fault.healed + RECOVER_TIMEOUT_S
+            deadline = self._until(fault.healed)
             while fault.recovered is None and time.monotonic() < deadline:
                 fault.recovered = self.probe.first_success_after(fault.healed)
                 time.sleep(0.05)
         end = fault.recovered or time.monotonic()
         fault.probe_failures = self.probe.failures_between(fault.injected, end)
+        fault.finished = True
+        if fault.recovered is None and self.timeline.expired("fleet"):
+            cut = "not recovered" if fault.healed is not None else "not healed"
+            overrun = self.timeline.overrun(f"{fault.kind} {cut} by then", phase="fleet")
+            self.errors.append(str(overrun))
 
     def _worker_kill(self, fault: Fault) -> None:
         pid = self.api.kill_worker(self.rng)
         fault.detail = f"SIGKILL uvicorn worker pid {pid}"
-        if self.api.wait_workers(without=pid, timeout=RECOVER_TIMEOUT_S):
+        if self.api.wait_workers(without=pid, timeout=self._left()):
             fault.healed = time.monotonic()
 
     def _terminal_kill(self, fault: Fault) -> None:
         victim = self.rng.choice(self.terminals)
         fault.detail = f"SIGKILL {victim.terminal_id}, rebooted on its journal"
         killed = victim.kill()
-        deadline = killed + RECOVER_TIMEOUT_S
+        deadline = self._until(killed)
         while time.monotonic() < deadline:
             if victim.booted_at > killed:
                 fault.healed = fault.recovered = victim.booted_at
@@ -231,14 +301,14 @@ class Run:
     def _postgres_restart(self, fault: Fault) -> None:
         fault.detail = f"pg_ctl stop -m immediate; down {fault.hold_s:.0f} s; start"
         self.pg.crash()
-        time.sleep(fault.hold_s)
+        time.sleep(min(fault.hold_s, self._left()))
         self.pg.start()
         fault.healed = time.monotonic()
 
     def _redis_restart(self, fault: Fault) -> None:
         fault.detail = f"SIGKILL redis-server; down {fault.hold_s:.0f} s; start empty"
         self.redis.kill()
-        time.sleep(fault.hold_s)
+        time.sleep(min(fault.hold_s, self._left()))
         self.redis.start()
         fault.healed = time.monotonic()
 
@@ -248,21 +318,24 @@ class Run:
         victim = self.rng.choice(self.terminals)
         pids: set[int] = set()
         flips = 0
-        until = time.monotonic() + fault.hold_s
-        while time.monotonic() < until:
-            if (pid := victim.limit_journal(JOURNAL_FULL_BYTES)) is not None:
-                pids.add(pid)
-            time.sleep(self.rng.uniform(0.5, 1.0))
+        until = min(time.monotonic() + fault.hold_s, self._until(time.monotonic()))
+        try:
+            while time.monotonic() < until:
+                if (pid := victim.limit_journal(JOURNAL_FULL_BYTES)) is not None:
+                    pids.add(pid)
+                time.sleep(self.rng.uniform(0.5, 1.0))
+                victim.limit_journal(None)
+                flips += 1
+                time.sleep(self.rng.uniform(0.1, 0.3))
+        finally:
             victim.limit_journal(None)
-            flips += 1
-            time.sleep(self.rng.uniform(0.1, 0.3))
         fault.detail = (
             f"{victim.terminal_id} (pid {', '.join(str(p) for p in sorted(pids))}): "
             f"RLIMIT_FSIZE {JOURNAL_FULL_BYTES} B {flips} times over {fault.hold_s:.0f} s "
             "(every journal write fails while it holds)"
         )
         fault.healed = time.monotonic()
-        deadline = fault.healed + RECOVER_TIMEOUT_S
+        deadline = self._until(fault.healed)
         while time.monotonic() < deadline:
             if (settled := victim.settled_since(fault.healed)) is not None:
                 fault.recovered = settled
@@ -270,46 +343,69 @@ class Run:
             time.sleep(0.05)
 
     def _db_restore(self, fault: Fault) -> None:
-        """pg_dump; sell for ``hold_s``; stop the API, completer and relay; restore the dump;
+        """Take a dump; keep selling for ``hold_s``; stop the API and its sidecars (nothing
+        else may write while the database goes back); restore the dump;
         ``idempay admin new-epoch``; start them again. Redis keeps everything it cached."""
-        dumped = time.monotonic()
+        steps: dict[str, float] = {}
+        dumped = mark = time.monotonic()
+
+        def step(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            steps[name], mark = now - mark, now
+            fault.detail = "; ".join(f"{k} {v:.1f} s" for k, v in steps.items())
+
         dump = self.pg.dump(f"restore-{len(self.restores)}")
-        time.sleep(fault.hold_s)
+        step("pg_dump")
+        time.sleep(min(fault.hold_s, self._left()))
+        mark = time.monotonic()
         for process in (self.api, *self.sidecars):
-            process.stop()
+            process.stop(timeout=min(15.0, max(1.0, self._left())))
         stopped = time.monotonic()
+        step("API stop")
         self.restores.append((dumped, stopped))
+        wall = time.time() - stopped  # unix − monotonic
+        self.restores_wall.append((dumped + wall - RESTORE_FLUSH_MARGIN_S, stopped + wall))
         self.pg.restore(dump)
+        step("pg_restore")
         epoch = subprocess.run(
             [sys.executable, "-m", "api", "admin", "new-epoch"], cwd=ROOT,
-            env={**os.environ, **self.env}, capture_output=True, text=True, timeout=60,
+            env={**os.environ, **self.env}, capture_output=True, text=True,
+            timeout=self.tracker.timeout("idempay admin new-epoch", 60.0),
         )  # fmt: skip
+        step("new-epoch")
         said = (epoch.stdout + epoch.stderr).strip().splitlines()
         if epoch.returncode != 0:
             self.errors.append(f"idempay admin new-epoch failed: {' '.join(said)[-300:]}")
-        fault.detail = (
-            f"pg_dump, {fault.hold_s:.0f} s of selling, API stopped, pg_restore, "
-            f"`idempay admin new-epoch` ({'ok' if epoch.returncode == 0 else 'FAILED'}), "
-            "API started; Redis kept"
-        )
-        self.api.start()
+        self.api.start(timeout=self._left())
+        step("API start")
         self._look_up_restored(dumped, stopped)
+        step("lookups")
         for sidecar in self.sidecars:
             sidecar.launch()
         fault.healed = time.monotonic()
+        fault.detail = (
+            f"pg_dump, {fault.hold_s:.0f} s of selling, API stopped, pg_restore, "
+            f"`idempay admin new-epoch` ({'ok' if epoch.returncode == 0 else 'FAILED'}), "
+            f"API started; Redis kept ({fault.detail})"
+        )
 
     def _look_up_restored(self, dumped: float, stopped: float, most: int = 100) -> None:
         """Before anything else runs on the restored database: look up the payments that
         were processed between the dump and the stop. The database has none of those
-        committed after the dump; an answer 200 for one of them came from Redis (contract §3.6)."""
+        committed after the dump; an answer 200 for one of them came from Redis (contract §3.6).
+        At most ``most`` of them, within 30 s (and the fleet's deadline)."""
         api_keys = {t.terminal_id: t.config.api_key for t in self.terminals}
         processed = [
             key
             for key, at in list(self.tally.when.items())
             if dumped <= at <= stopped and self.tally.outcomes.get(key) in ("approved", "declined")
         ]
+        deadline = self._until(time.monotonic(), 30.0)
         with httpx.Client(base_url=self.api.url, timeout=5.0) as http:
             for key in processed[:most]:
+                if time.monotonic() >= deadline:
+                    break
                 api_key = api_keys[self.tally.terminal_of[key]]
                 try:
                     answer = http.get(
@@ -324,7 +420,7 @@ class Run:
         fault.detail = f"SIGTERM each of {len(pids)} workers in turn, after its replacement"
         for pid in pids:
             self.api.terminate_worker(pid)
-            if not self.api.wait_workers(without=pid, timeout=RECOVER_TIMEOUT_S):
+            if not self.api.wait_workers(without=pid, timeout=self._left()):
                 return
         fault.healed = time.monotonic()
 
@@ -335,7 +431,7 @@ class Run:
             f"{fault.hold_s:.0f} s; {noisy.victims} tok_issuer_timeout payments of another "
             "merchant meanwhile"
         )
-        fault.healed = noisy.run(fault.hold_s)
+        fault.healed = noisy.run(fault.hold_s, until=self.timeline.deadline("fleet"))
         finished = [v.finished for v in noisy.results]
         if noisy.results and all(f is not None for f in finished):
             fault.recovered = max(f for f in finished if f is not None)
@@ -344,10 +440,12 @@ class Run:
     def _loss_burst(self, fault: Fault) -> None:
         fault.detail = f"link loss {STEADY_LOSS:.1%} → {BURST_LOSS:.0%} for {fault.hold_s:.0f} s"
         self.proxy.proxy.loss = BURST_LOSS
-        time.sleep(fault.hold_s)
-        self.proxy.proxy.loss = STEADY_LOSS
+        try:
+            time.sleep(min(fault.hold_s, self._left()))
+        finally:
+            self.proxy.proxy.loss = STEADY_LOSS
         fault.healed = time.monotonic()
-        deadline = fault.healed + RECOVER_TIMEOUT_S
+        deadline = self._until(fault.healed)
         while time.monotonic() < deadline:
             after = [t for t in list(self.tally.completed) if t >= fault.healed]
             if after:
@@ -355,18 +453,86 @@ class Run:
                 return
             time.sleep(0.05)
 
+    def _link_outage(self, fault: Fault) -> None:
+        """The outage's window is in the terminals' own link (``OutageLink``, from the plan);
+        here: two of its terminals SIGKILLed holding stored payments, then the wait until
+        everything stored was forwarded (``idempay_tools._chaos_outage``)."""
+        down = self.started + fault.at_s
+        up = down + fault.hold_s
+        fault.injected = down
+        during = self._kill_holding(down + KILL_DURING * fault.hold_s, up, "40 % into the outage")
+        last = self._kill_holding(
+            up - KILL_BEFORE_END_S, up, "just before the link came back", avoid=during
+        )
+        time.sleep(max(0.0, min(up - time.monotonic(), self._left())))
+        fault.healed = up
+        killed = "; ".join(
+            f"SIGKILL {h.terminal} holding {len(h.keys)} stored ({h.when})" for h in self.held
+        )
+        fault.detail = (
+            f"{', '.join(self.outage_ids)}: every connection refused for {fault.hold_s:.0f} s, "
+            f"selling offline (OfflinePolicy); {killed or 'no terminal held a stored payment'}"
+        )
+        if during is None or last is None:
+            self.errors.append(
+                "link_outage: no terminal of the outage held a stored payment to be killed with"
+            )
+        deadline = self._until(up)
+        while time.monotonic() < deadline:
+            done = all_forwarded_since(self.tally.exposure, self.outage_ids, up)
+            if done is not None:
+                fault.recovered = done
+                break
+            time.sleep(0.1)
+        fault.detail += f"; {len(self.tally.offline)} sold offline (reported by the terminals)"
+
+    def _kill_holding(
+        self, at: float, up: float, when: str, *, avoid: str | None = None
+    ) -> str | None:
+        """At ``at`` (monotonic), SIGKILL the outage terminal holding the most stored
+        payments (another than ``avoid`` when one holds any), and record what it held."""
+        time.sleep(max(0.0, min(at - time.monotonic(), self._left())))
+        victims = [t for t in self.terminals if t.terminal_id in self.outage_ids]
+        while True:
+            holding = sorted(
+                ((len(stored_keys(t.journal)), t.terminal_id != avoid, t) for t in victims),
+                key=lambda item: (item[1], item[0]),
+                reverse=True,
+            )
+            holding = [h for h in holding if h[0] > 0]
+            if holding or time.monotonic() >= min(up, self.timeline.deadline("fleet")):
+                break
+            time.sleep(0.1)
+        if not holding:
+            return None
+        victim = holding[0][2]
+        pid = victim.pid
+        killed = victim.kill()
+        while pid is not None and victim.pid == pid and time.monotonic() < killed + 5.0:
+            time.sleep(0.01)  # dead, so its journal holds what it held
+        self.held.append(Held(victim.terminal_id, when, killed, stored_keys(victim.journal)))
+        return victim.terminal_id
+
     # ------------------------------------------------------------------ the run
     def fleet(self) -> None:
         """Start the fleet, inject the faults on schedule, then stop the terminals."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+        self.started = time.monotonic()
+        wall = time.time()
+        outage = next((f for f in self.faults if f.kind == "link_outage"), None)
         for terminal in self.terminals:
+            if outage is not None:
+                terminal.config = replace(terminal.config, outage_start=wall + outage.at_s)
             terminal.start()
         self.probe.start()
         self.exporter.start()
-        self.started = time.monotonic()
-        schedule = threading.Thread(target=self._schedule, name="faults", daemon=True)
-        schedule.start()
+        timed = [f for f in self.faults if f.kind == "link_outage"]  # on the terminals' clock
+        for name, faults in (("faults", [f for f in self.faults if f not in timed]),
+                             ("outage", timed)):  # fmt: skip
+            thread = threading.Thread(target=self._schedule, args=(faults,), name=name, daemon=True)
+            thread.start()
+            self.threads.append(thread)
         progress = Progress(
             TextColumn("[bold]chaos"),
             BarColumn(),
@@ -382,26 +548,54 @@ class Run:
                 progress.update(task, completed=elapsed, status=status)
                 time.sleep(0.5)
             progress.update(task, completed=self.args.duration)
-        schedule.join()  # a fault still recovering finishes first
+        for thread in self.threads:  # a fault still recovering finishes first (bounded)
+            thread.join(self.timeline.left())
         self.fleet_s = time.monotonic() - self.started
-        (self.root / "stop").touch()
-        for terminal in self.terminals:
-            if not terminal.join(240):
-                terminal.terminate()
-                self.errors.append(f"{terminal.terminal_id} did not settle its journal in time")
-        self.probe.stop()
-        self.exporter.stop()
+        if any(thread.is_alive() for thread in self.threads):
+            running = [f.kind for f in self.faults if f.injected and not f.finished]
+            raise self.timeline.overrun(
+                f"a fault was still being injected or recovered: {', '.join(running) or '?'}"
+            )
 
-    def _schedule(self) -> None:
-        for fault in self.faults:
+    def _schedule(self, faults: list[Fault]) -> None:
+        for fault in faults:
             wait = self.started + fault.at_s - time.monotonic()
             if wait > 0:
-                time.sleep(wait)
+                time.sleep(min(wait, self._left()))
+            if self.tracker.closing.is_set():
+                return
+            if self.timeline.expired("fleet"):
+                fault.detail = "not injected: the fleet phase's deadline passed"
+                overrun = self.timeline.overrun(f"{fault.kind} not injected", phase="fleet")
+                self.errors.append(str(overrun))
+                continue
             try:
                 self.inject(fault)
             except Exception as exc:  # reported, and the run fails
                 self.errors.append(f"{fault.kind}: {type(exc).__name__}: {exc}")
                 fault.detail = f"{fault.detail} — FAILED: {exc}"
+            finally:
+                fault.finished = True
+
+    def settle(self) -> None:
+        """Stop selling: every terminal settles its journal and exits (one deadline for
+        all of them); the export loop and the probe stop."""
+        (self.root / "stop").touch()
+        for terminal in self.terminals:
+            if not terminal.join(self.timeline.left()):
+                terminal.terminate()
+                self.errors.append(
+                    str(
+                        self.timeline.overrun(
+                            f"{terminal.terminal_id} had not settled its journal (killed)"
+                        )
+                    )  # fmt: skip
+                )
+        self.probe.stop()
+        if not self.exporter.stop(timeout=min(15.0, self.timeline.left())):
+            self.errors.append(str(self.timeline.overrun("the export loop did not stop")))
+        for terminal in self.terminals:
+            self.errors.extend(terminal.unexpected_exits)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -412,10 +606,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=2, help="API worker processes")
     parser.add_argument("--report", type=Path, help="write the run as Markdown here")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        help="the whole run's deadline in seconds, cleanup excluded (default: derived from "
+        "--duration: 530 s for 90 s, 840 s for 300 s)",
+    )
     return parser
 
 
-def _env(pg: PrivatePostgres, redis: PrivateRedis, root: Path) -> dict[str, str]:
+def _env(pg: ChaosPostgres, redis: ChaosRedis, root: Path) -> dict[str, str]:
     return {
         "IDEMPAY_DATABASE_URL": pg.url,
         "IDEMPAY_REDIS_URL": redis.url,
@@ -431,130 +631,219 @@ def _env(pg: PrivatePostgres, redis: PrivateRedis, root: Path) -> dict[str, str]
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    from idempay_tools.simulate import FleetConfig
+def _bounded(coroutine: Coroutine[Any, Any, _T], timeline: Timeline, what: str) -> _T:
+    """Run ``coroutine`` within the current phase's time left; ``Overrun`` otherwise."""
 
-    args = _parser().parse_args(argv)
-    if args.duration < 30:
-        raise SystemExit("chaos: --duration must be at least 30 s")
-    root = Path(tempfile.mkdtemp(prefix="idempay-chaos-"))
-    say(f"chaos: seed {args.seed}, {args.duration:.0f} s, {args.terminals} terminals; in {root}")
-    pg = PrivatePostgres(root).init()
-    redis = PrivateRedis(root)
-    started: list[object] = []
+    async def run() -> _T:
+        return await asyncio.wait_for(coroutine, timeline.left())
+
     try:
-        pg.start()
-        redis.start()
-        keys = migrate_and_keys(pg.url, [*MERCHANTS, PROBE, NOISY])
-        env = _env(pg, redis, root)
-        (root / "logs").mkdir()
-        api = Api(env, root / "logs" / "api.log", workers=args.workers, cwd=ROOT)
-        api.start()
-        started.append(api)
-        sidecars = [
-            Sidecar([name], env, root / "logs" / f"{name}.log") for name in ("completer", "relay")
-        ]
-        for sidecar in sidecars:
-            sidecar.launch()
-            started.append(sidecar)
-        proxy = ChaosProxy(
-            target_host="127.0.0.1",
-            target_port=api.port,
-            seed=args.seed,
-            loss=STEADY_LOSS,
-            drop_request_ratio=0.5,
-            reset_ratio=0.2,
-        ).run_in_thread()
-        started.append(proxy)
-        tally = Tally()
-        terminals = []
-        for index in range(args.terminals):
-            merchant = MERCHANTS[index % len(MERCHANTS)]
-            config = FleetConfig(
-                base_url=f"http://127.0.0.1:{proxy.port}",
-                api_key=keys[merchant][1],
-                workdir=root / "journals",
-                via_proxy=True,
+        return asyncio.run(run())
+    except TimeoutError as exc:
+        raise timeline.overrun(what) from exc
+
+
+class Harness:
+    """One run from nothing to the verdict, and the cleanup that stops everything it
+    started whatever happened (``close``)."""
+
+    def __init__(self, args: argparse.Namespace, root: Path, timeline: Timeline) -> None:
+        self.args, self.root, self.timeline = args, root, timeline
+        self.tracker = Tracker(root, lambda cap: timeline.left(cap))
+        self.pg = ChaosPostgres(root, self.tracker)
+        self.redis = ChaosRedis(root, self.tracker)
+        self.servers: list[Api | Sidecar] = []
+        self.proxy: ProxyThread | None = None
+        self.run: Run | None = None
+
+    def execute(self, argv: list[str] | None) -> int:
+        from idempay_tools.simulate import FleetConfig
+
+        args, root, timeline, tracker = self.args, self.root, self.timeline, self.tracker
+        with timeline.phase("setup"):
+            self.pg.init()
+            self.pg.start()
+            self.redis.start()
+            keys = migrate_and_keys(self.pg.url, [*MERCHANTS, PROBE, NOISY])
+            env = _env(self.pg, self.redis, root)
+            (root / "logs").mkdir()
+            api = Api(env, root / "logs" / "api.log", workers=args.workers, cwd=ROOT)
+            api.tracker = tracker
+            self.servers.append(api)
+            api.start(timeout=90.0)
+            sidecars = [
+                Sidecar([name], env, root / "logs" / f"{name}.log", tracker)
+                for name in ("completer", "relay")
+            ]
+            for sidecar in sidecars:
+                self.servers.append(sidecar)
+                sidecar.launch()
+            proxy = self.proxy = ChaosProxy(
+                target_host="127.0.0.1",
+                target_port=api.port,
                 seed=args.seed,
-                deadline_s=30.0,
-                timeout_s=5.0,
-                max_backoff=1.0,
-                abort_grace_s=15.0,
-                terminal_prefix="CHAOS",
-                clock_skew_s=SKEWS[index] if index < len(SKEWS) else 0.0,
+                loss=STEADY_LOSS,
+                drop_request_ratio=0.5,
+                reset_ratio=0.2,
+            ).run_in_thread()
+            faults = plan(args.duration, args.seed)
+            hold = next((f.hold_s for f in faults if f.kind == "link_outage"), 0.0)
+            tally = Tally()
+            terminals = []
+            for index in range(args.terminals):
+                merchant = MERCHANTS[index % len(MERCHANTS)]
+                config = FleetConfig(
+                    base_url=f"http://127.0.0.1:{proxy.port}",
+                    api_key=keys[merchant][1],
+                    workdir=root / "journals",
+                    terminals=args.terminals,
+                    via_proxy=True,
+                    seed=args.seed,
+                    deadline_s=30.0,
+                    timeout_s=5.0,
+                    max_backoff=1.0,
+                    abort_grace_s=15.0,
+                    terminal_prefix="CHAOS",
+                    clock_skew_s=SKEWS[index] if index < len(SKEWS) else 0.0,
+                    outage_s=hold,  # the outage start is set when the fleet starts
+                    outage_share=OUTAGE_SHARE,
+                )
+                config.workdir.mkdir(parents=True, exist_ok=True)
+                terminals.append(TerminalProcess(config, index, root / "stop", tally, tracker))
+            outage = outage_indices(args.seed, len(terminals)) if hold else []
+            outage_ids = [terminals[i].terminal_id for i in outage]
+            run = self.run = Run(
+                args=args,
+                root=root,
+                timeline=timeline,
+                tracker=tracker,
+                pg=self.pg,
+                redis=self.redis,
+                api=api,
+                sidecars=sidecars,
+                proxy=proxy,
+                terminals=terminals,
+                probe=Probe(api.url, keys[PROBE][1]),
+                tally=tally,
+                faults=faults,
+                rng=random.Random(f"{args.seed}:victims"),
+                env=env,
+                exporter=Exporter(
+                    env, root / "lake", root / "logs" / "export.log", tracker=tracker
+                ),
+                noisy=NoisyNeighbour(
+                    api.url, keys[NOISY][1], keys[MERCHANTS[1]][1], deadline_s=ISSUER_DEADLINE_S
+                ),
+                outage_ids=outage_ids,
             )
-            config.workdir.mkdir(parents=True, exist_ok=True)
-            terminals.append(TerminalProcess(config, index, root / "stop", tally))
-        run = Run(
-            args=args,
-            root=root,
-            pg=pg,
-            redis=redis,
-            api=api,
-            sidecars=sidecars,
-            proxy=proxy,
-            terminals=terminals,
-            probe=Probe(api.url, keys[PROBE][1]),
-            tally=tally,
-            faults=plan(args.duration, args.seed),
-            rng=random.Random(f"{args.seed}:victims"),
-            env=env,
-            exporter=Exporter(env, root / "lake", root / "logs" / "export.log"),
-            noisy=NoisyNeighbour(
-                api.url, keys[NOISY][1], keys[MERCHANTS[1]][1], deadline_s=ISSUER_DEADLINE_S
-            ),
-        )
-        run.fleet()
-        proxy_stats = dict(proxy.stats)
-        proxy.stop()
-        started.remove(proxy)
-        say("chaos: fleet stopped; settling probe keys, completer and relay")
-        probe_outcome = run.probe.settle()
+        with timeline.phase("fleet"):
+            run.fleet()
+        with timeline.phase("settle"):
+            run.settle()
+            proxy_stats = dict(proxy.stats)
+            self._stop_proxy()
+        with timeline.phase("probe"):
+            probe_outcome = run.probe.settle(timeout=timeline.left())
+            if probe_outcome.get("unsettled"):
+                self._overran(f"{probe_outcome['unsettled']} probe keys unsettled")
         ids = [keys[name][0] for name in MERCHANTS]
         others = [keys[PROBE][0], keys[NOISY][0]]
-        drained = asyncio.run(report.drain(pg.url, [*ids, *others]))
-        for sidecar in sidecars:
-            if not sidecar.alive():
-                run.errors.append(f"{sidecar.args[0]} exited on its own")
-        if not api.alive():
-            run.errors.append("the API supervisor exited on its own")
-        for process in (api, *sidecars):
-            process.stop()
-            started.remove(process)
-        for terminal in terminals:
-            run.errors.extend(terminal.unexpected_exits)
-        say("chaos: the final export")
-        if not run.exporter.export():
-            run.errors.append("the final export failed (logs/export.log)")
+        with timeline.phase("drain"):
+            drained = _bounded(
+                report.drain(self.pg.url, [*ids, *others], within=timeline.left()),
+                timeline,
+                "the completer and relay drain",
+            )
+            if drained.processing_left or drained.outbox_unsent:
+                self._overran("keys still processing or outbox events unsent")
+        with timeline.phase("stop"):
+            for sidecar in sidecars:
+                if not sidecar.alive():
+                    run.errors.append(f"{sidecar.args[0]} exited on its own")
+            if not api.alive():
+                run.errors.append("the API supervisor exited on its own")
+            for process in (api, *sidecars):
+                process.stop(timeout=max(1.0, min(15.0, timeline.left())))
+        with timeline.phase("export"):
+            say("chaos: the final export")
+            if not run.exporter.export(cap=timeline.left()):
+                run.errors.append("the final export failed (logs/export.log)")
+                if timeline.expired():
+                    self._overran("the final export")
+        with timeline.phase("checks"):
+            result = self._check(run, keys, ids, proxy_stats, probe_outcome, drained, argv)
+        report.show(result)
+        if args.report:
+            args.report.write_text(report.markdown(result) + _kept_sections(args.report))
+            say(f"chaos: report written to {args.report}")
+        say("chaos: " + ("PASSED" if result.ok else "FAILED"))
+        return 0 if result.ok else 1
+
+    def _overran(self, what: str) -> None:
+        assert self.run is not None
+        self.run.errors.append(str(self.timeline.overrun(what)))
+
+    def _check(
+        self,
+        run: Run,
+        keys: dict[str, tuple[str, str]],
+        ids: list[str],
+        proxy_stats: dict[str, int],
+        probe_outcome: dict[str, int],
+        drained: report.Drained,
+        argv: list[str] | None,
+    ) -> report.Result:
+        args, tally, timeline = self.args, run.tally, self.timeline
         reported = dict(tally.outcomes)
         reported.update({v.key: v.status for v in run.noisy.results if v.status != "unsettled"})
         restored_away = {
             key for key, at in tally.when.items() if any(a <= at <= b for a, b in run.restores)
         }
-        checks = asyncio.run(
+        journals = [t.journal for t in run.terminals]
+        restored_away |= forwarded_between(journals, run.restores_wall)  # advices forwarded then
+        checks = _bounded(
             report.check(
-                pg.url,
+                self.pg.url,
                 merchants=ids,
                 probe=keys[PROBE][0],
                 noisy=keys[NOISY][0],
                 reported=reported,
                 restored_away=restored_away,
-                journals=[t.journal for t in terminals],
+                journals=[t.journal for t in run.terminals],
                 ask=[key for _, key, kind in tally.journal_failures if key],
                 held_after_restore=[k for k, code in run.after_restore.items() if code == 200],
-            )
+            ),
+            timeline,
+            "contract §8 on the database and the journals",
         )
-        lake = asyncio.run(
+        lake = _bounded(
             check_lake(
-                pg.url,
-                root / "lake",
+                self.pg.url,
+                self.root / "lake",
                 probe_merchant=keys[PROBE][0],
                 probe_creates=run.probe.creates,
                 exempt_windows=event_loss_windows(run.faults, run.restores),
-            )
+            ),
+            timeline,
+            "the lake's request-event check",
         )
-        skewed = {t.terminal_id: t.config.clock_skew_s for t in terminals if t.config.clock_skew_s}
-        result = report.Result(
+        offline = _bounded(
+            check_offline(
+                self.pg.url,
+                merchants=ids,
+                journals=[t.journal for t in run.terminals],
+                accepted=dict(tally.offline),
+                held=run.held,
+                exposures={k: list(v) for k, v in tally.exposure.items()},
+                restored_away=restored_away,
+            ),
+            timeline,
+            "the offline checks",
+        )
+        skewed = {
+            t.terminal_id: t.config.clock_skew_s for t in run.terminals if t.config.clock_skew_s
+        }
+        return report.Result(
             seed=args.seed,
             duration_s=args.duration,
             fleet_s=run.fleet_s,
@@ -563,6 +852,9 @@ def main(argv: list[str] | None = None) -> int:
             faults=run.faults,
             skewed=skewed,
             lake=lake,
+            offline=offline,
+            outage_terminals=list(run.outage_ids),
+            held=list(run.held),
             exports=dict(run.exporter.runs),
             noisy=run.noisy,
             journal_failures=list(tally.journal_failures),
@@ -583,28 +875,122 @@ def main(argv: list[str] | None = None) -> int:
             checks=checks,
             errors=run.errors,
             started=run.started,
+            phases=timeline.rows(),
+            budget_s=timeline.total_s,
             command=" ".join(["python -m idempay_tools.chaos", *(argv or sys.argv[1:])]),
         )
-        report.show(result)
-        if args.report:
-            args.report.write_text(report.markdown(result) + _kept_sections(args.report))
-            say(f"chaos: report written to {args.report}")
-        say("chaos: " + ("PASSED" if result.ok else "FAILED"))
-        return 0 if result.ok else 1
-    finally:
-        for thing in reversed(started):
-            stop = getattr(thing, "stop", None)
-            if stop is not None:
-                try:
-                    stop()
-                except Exception as exc:  # keep cleaning up
-                    say(f"chaos: cleanup: {type(exc).__name__}: {exc}")
-        redis.kill()
-        pg.stop()
+
+    def _stop_proxy(self) -> None:
+        """The proxy's thread, stopped within 10 s (its connections are cancelled)."""
+        if self.proxy is None:
+            return
+        proxy, self.proxy = self.proxy, None
+        stopper = threading.Thread(target=proxy.stop, name="proxy-stop", daemon=True)
+        stopper.start()
+        stopper.join(10.0)
+
+    def close(self) -> list[str]:
+        """Stop everything the run started, in order, each step bounded; then stop by
+        PID whatever is still registered (and the postmaster). What the sweep found."""
+        self.tracker.closing.set()  # nothing starts any more; terminals are not rebooted
+        run = self.run
+        steps: list[tuple[str, Any]] = []
+        if run is not None:
+            steps += [(f"terminal {t.terminal_id}", t.terminate) for t in run.terminals]
+            steps += [("export loop", lambda: run.exporter.stop(timeout=5.0))]
+            steps += [("probe", run.probe.stop)]
+        steps += [("chaos proxy", self._stop_proxy)]
+        steps += [(f"server {s.label}", lambda s=s: s.stop(timeout=10.0)) for s in self.servers]
+        steps += [("redis", self.redis.kill), ("postgres", self.pg.stop_now)]
+        for name, step in steps:
+            try:
+                step()
+            except Exception as exc:  # keep cleaning up
+                say(f"chaos: cleanup: {name}: {type(exc).__name__}: {exc}")
+        if run is not None:
+            for thread in run.threads:  # a fault mid-way fails fast now (closing)
+                thread.join(10.0)
+            for terminal in run.terminals:
+                terminal.join(5.0)
+        return sweep(self.root)
+
+
+def _start_reaper(root: Path) -> subprocess.Popen[bytes]:
+    """The watcher that cleans up if this process dies without doing it itself."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "idempay_tools._chaos_reaper", str(os.getpid()), str(root)],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.duration < 30:
+        raise SystemExit("chaos: --duration must be at least 30 s")
+    timeline = Timeline(args.duration, total_s=args.deadline or total_budget(args.duration))
+    root = Path(tempfile.mkdtemp(prefix="idempay-chaos-"))
+    stopping = False
+    code = 1
+    try:
+        install_signal_handlers(lambda: stopping)
+        reaper = _start_reaper(root)
         if args.keep:
-            say(f"chaos: kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+            (root / KEEP).touch()
+        say(
+            f"chaos: seed {args.seed}, {args.duration:.0f} s, {args.terminals} terminals; "
+            f"in {root}; pid {os.getpid()}; deadline {timeline.total_s:.0f} s"
+        )
+        harness = Harness(args, root, timeline)
+        try:
+            code = harness.execute(argv)
+        except Overrun as exc:
+            say(f"chaos: FAILED — {exc}")
+            say("chaos: no report written (the run did not finish)")
+        except Interrupted as exc:
+            say(f"chaos: {exc}; stopping everything the run started")
+            code = 128 + exc.signum
+        except Exception:
+            traceback.print_exc()
+            say("chaos: FAILED — the harness itself failed (traceback above)")
+        finally:
+            stopping = True
+            timeline.disarm()
+            _cleanup(harness, root, keep=args.keep)
+        reaper.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reaper.wait(5)
+    except Interrupted as exc:  # before the harness existed: nothing of ours runs yet
+        say(f"chaos: {exc}")
+        shutil.rmtree(root, ignore_errors=True)
+        code = 128 + exc.signum
+    return code
+
+
+def _cleanup(harness: Harness, root: Path, *, keep: bool) -> None:
+    """``harness.close()`` and the folder removed, within ``CLEANUP_S``: past it, this
+    process exits at once and the reaper (still watching) finishes the job."""
+    began = time.monotonic()
+
+    def overran() -> None:
+        say(f"chaos: cleanup overran its {CLEANUP_S:.0f} s: exiting; the reaper finishes it")
+        os._exit(124)
+
+    watchdog = threading.Timer(CLEANUP_S, overran)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        left = harness.close()
+    finally:
+        watchdog.cancel()
+    if left:
+        say(f"chaos: cleanup: stopped by PID: {', '.join(left)}")
+    if keep:
+        (root / CLEAN).touch()
+        say(f"chaos: kept {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    say(f"chaos: cleanup took {time.monotonic() - began:.1f} s")
 
 
 KEPT_FROM = "\n## Failover"  # written by make failover (idempay_tools/failover.py), not here

@@ -336,11 +336,12 @@ class Terminal:
             return ""
         return entries[-1].key if len(entries) > before else ""
 
-    def settle(self) -> dict[str, str]:
+    def settle(self, *, wait_for_link: bool = True) -> dict[str, str]:
         """recover() what is left in doubt, like the terminal's next boot (bounded); a
-        terminal in the outage first waits for its link to come back."""
+        terminal in the outage first waits for its link to come back (unless not
+        ``wait_for_link``: a boot in the outage recovers what it can and sells on)."""
         settled: dict[str, str] = {}
-        if self._outage is not None:
+        if self._outage is not None and wait_for_link:
             time.sleep(max(0.0, self._outage.start + self._outage.seconds - time.time()))
         for _ in range(RECOVER_PASSES):
             if not self.client.journal.unresolved():
