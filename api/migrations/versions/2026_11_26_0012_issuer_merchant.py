@@ -38,7 +38,7 @@ rolling update) are found by the simulator's legacy tolerance on plain Postgres 
 no ``''`` row to move); row locks only, no table lock.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-11-26 22:00:00
 """
 
@@ -51,7 +51,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
