@@ -108,12 +108,18 @@ async def abort(
     return await _abort_existing(service, record, reason=reason)
 
 
-def _abort_may_take_over(service: TransactionService, record: KeyRecord, now: datetime) -> bool:
+def _abort_may_take_over(
+    service: TransactionService, record: KeyRecord, now: datetime, *, operator: bool = False
+) -> bool:
     """An abort waits (409) only for a request that may still answer its terminal: within
     the issuer timeout of the claim. After that the key is the server's own (answered 202,
     re-driven by the completer, or abandoned): the terminal's abort wins — it takes the lease
     (a compare-and-set on the token, so the driver's final write is refused), voids the
-    issuer call and fences the key."""
+    issuer call and fences the key. A client's abort never does for an offline advice: the
+    server never fences one for a client (``recovery.fence``), so taking its lease would only
+    stall its re-drive; an operator's (``idempay admin key fence``, with a reason) may."""
+    if not operator and recovery.is_advice(record):
+        return False
     if not record.lease_live(now):
         return True
     grace = timedelta(seconds=service.settings.issuer_timeout + 0.5)
@@ -131,7 +137,7 @@ async def _abort_existing(
         body = key_state_body(key, record.state)
         return Outcome(200, body, Event.ABORTED, Status(record.state), terminal_id=terminal)
     now = utcnow()
-    if _abort_may_take_over(service, record, now):
+    if _abort_may_take_over(service, record, now, operator=reason is not None):
         token = await recovery.take_over(service, record, now=now)
         if token is not None:
             await recovery.fence(service, record, token, reason=reason)
@@ -145,11 +151,18 @@ async def _abort_existing(
     outcome = from_error(
         error, event=Event.IN_PROGRESS, idempotency_status=Status.IN_PROGRESS, terminal_id=terminal
     )
-    return replace(outcome, recheck_s=_abort_possible_in(service, record, now))
+    recheck = _abort_possible_in(service, record, now, operator=reason is not None)
+    return replace(outcome, recheck_s=recheck)
 
 
-def _abort_possible_in(service: TransactionService, record: KeyRecord, now: datetime) -> float:
-    """Seconds until ``_abort_may_take_over`` turns true with no settlement to announce it."""
+def _abort_possible_in(
+    service: TransactionService, record: KeyRecord, now: datetime, *, operator: bool = False
+) -> float:
+    """Seconds until ``_abort_may_take_over`` turns true with no settlement to announce it
+    — for an advice, which it never does, when its re-drive's lease ends (at least 1 s)."""
+    if not operator and recovery.is_advice(record):
+        left = (record.lease_until - now).total_seconds() if record.lease_until else 0.0
+        return max(1.0, left)
     grace = timedelta(seconds=service.settings.issuer_timeout + 0.5)
     at = record.created_at + grace
     if record.lease_until is not None:

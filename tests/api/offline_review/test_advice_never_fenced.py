@@ -193,6 +193,9 @@ async def test_a_clients_abort_never_fences_an_advice_an_operators_does(
     record = await _past_deadline(service, _payment(advice=True))
     refused = await resolution.abort(service, record.merchant_id, record.key)
     assert refused.status == 409, refused.body
+    # a Prefer: wait abort looks again when the re-drive's lease ends (at least 1 s), not
+    # every 50 ms as for an abort that is about to take over
+    assert refused.recheck_s is not None and refused.recheck_s >= 1.0
     assert (await service.must_read(record.merchant_id, record.key)).state == "processing"
     online = await _past_deadline(service, _payment(advice=False))
     fenced = await resolution.abort(service, online.merchant_id, online.key)
