@@ -17,8 +17,8 @@ from fastapi import FastAPI
 
 from api.auth import create_api_key
 from api.config import Settings
-from api.main import create_app
 from api.migrate import migrate
+from tests.support.asgi import asgi_client, running_app
 from tests.support.client import assert_problem, body, card, new_key
 
 TRANSACTIONS = "/v1/transactions"
@@ -81,15 +81,13 @@ def sqlite_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 @pytest.fixture(scope="module")
 async def app(sqlite_settings: Settings) -> AsyncIterator[FastAPI]:
     """The app with its lifespan running, as uvicorn would run it."""
-    application = create_app(sqlite_settings)
-    async with application.router.lifespan_context(application):
+    async with running_app(sqlite_settings) as application:
         yield application
 
 
 @pytest.fixture(scope="module")
 async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://idempay.test") as client:
+    async with asgi_client(app) as client:
         yield client
 
 

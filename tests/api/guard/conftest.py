@@ -18,9 +18,9 @@ from sqlalchemy import text
 
 from api.auth import create_api_key
 from api.config import Settings
-from api.main import create_app
 from api.migrate import migrate
 from api.transactions.guard import set_window
+from tests.support.asgi import asgi_client, running_app
 from tests.support.client import body
 from tests.support.eventually import eventually_async
 from tests.support.services import create_database, drop_database, pg_url
@@ -144,15 +144,13 @@ def guard_settings(
 
 @pytest.fixture(scope="module")
 async def app(guard_settings: Settings) -> AsyncIterator[FastAPI]:
-    application = create_app(guard_settings)
-    async with application.router.lifespan_context(application):
+    async with running_app(guard_settings) as application:
         yield application
 
 
 @pytest.fixture(scope="module")
 async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://idempay.test") as client:
+    async with asgi_client(app) as client:
         yield client
 
 

@@ -12,17 +12,16 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi import FastAPI
 
 from api.auth import create_api_key
 from api.config import Settings
-from api.main import create_app
 from api.migrate import migrate
 from api.transactions.guard import set_window
 from tests.api.guard.conftest import Merchant, new_key
 from tests.api.guard.test_guard import OVERRIDE, blocked, nothing_stored
+from tests.support.asgi import asgi_client, running_app
 from tests.support.citus import BUILD_TIMEOUT, CitusCluster
 from tests.support.client import body
 
@@ -58,8 +57,7 @@ def citus_settings(cluster: CitusCluster, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="module")
 async def app(citus_settings: Settings) -> AsyncIterator[FastAPI]:
-    application = create_app(citus_settings)
-    async with application.router.lifespan_context(application):
+    async with running_app(citus_settings) as application:
         yield application
 
 
@@ -69,8 +67,7 @@ async def guarded(app: FastAPI) -> AsyncIterator[Merchant]:
     name = f"guard-{uuid.uuid4().hex[:10]}"
     api_key = await create_api_key(engine, name)
     await set_window(engine, name, 120)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://idempay.test") as http:
+    async with asgi_client(app) as http:
         yield Merchant(app, http, api_key, name)
 
 
