@@ -60,6 +60,7 @@ from client_sdk import (
     OfflineLimitError,
     PaymentAborted,
     PaymentInDoubt,
+    RetryPolicy,
 )
 from client_sdk.faults import FaultyTransport
 from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
@@ -256,8 +257,7 @@ def _open_client(
         network="gprs",
         timeout=config.timeout_s,
         transport=counting,
-        base_backoff=config.base_backoff,
-        max_backoff=config.max_backoff,
+        retry=RetryPolicy(base=config.base_backoff, cap=config.max_backoff),
         abort_grace_s=config.abort_grace_s,
         seed=_seed(config, index, "sdk"),
         clock=(lambda: time.time() + skew) if skew else None,
