@@ -75,11 +75,15 @@ def _prepare_multiprocess_metrics() -> None:
     """Before the workers start: an empty folder where each writes its metric values, named
     in the environment they inherit, so /metrics sums every worker (api/metrics.py). Done
     without importing prometheus_client here, which reads the variable at import."""
+    import atexit
+    import shutil
     import tempfile
     from pathlib import Path
 
     given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     directory = Path(given) if given else Path(tempfile.mkdtemp(prefix="idempay-metrics-"))
+    if not given:  # ours: gone when serve returns (uvicorn stops its workers first)
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*.db"):  # a previous run's values
         stale.unlink()
