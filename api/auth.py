@@ -121,10 +121,7 @@ class Authenticator:
         if self.failures is None:  # built from the app's settings on first use
             self.failures = failure_limiter(request.app.state.ctx.settings)
         try:
-            digest = _digest_of(request.headers.get("authorization"))
-            if digest is None:
-                raise unauthorized()
-            return await self._principal_for(digest), digest
+            return await self._principal_of(request.headers.get("authorization"))
         except ApiError:
             retry_after = await self.failures.failed(client_address(request))
             if retry_after is not None:
@@ -133,10 +130,14 @@ class Authenticator:
 
     async def merchant_for(self, authorization: str | None) -> tuple[str, str]:
         """(merchant_id, key_hash) for a ``Bearer`` header, or raise 401."""
+        principal, digest = await self._principal_of(authorization)
+        return principal.merchant_id, digest
+
+    async def _principal_of(self, authorization: str | None) -> tuple[Principal, str]:
         digest = _digest_of(authorization)
         if digest is None:
             raise unauthorized()
-        return (await self._principal_for(digest)).merchant_id, digest
+        return await self._principal_for(digest), digest
 
     async def _principal_for(self, digest: str) -> Principal:
         cached = self._cache.get(digest)
