@@ -204,7 +204,13 @@ class PgInline:
         if row[1] is not None:  # the key exists: its own answer, never the guard's
             return KeyRecord(*row[1:-1])
         suspect = row[-1]
-        return DuplicateOf(suspect) if suspect is not None and not guard.allow else False
+        if suspect is None or guard.allow:
+            return False
+        # The statement's snapshot predates its wait on the guard's lock: an earlier attempt
+        # of this key that committed meanwhile is not in ``r``. A key that exists is never
+        # refused (its stored answer wins): read it before answering the guard's 409.
+        existing = await self.read(txn.merchant_id, txn.id)
+        return existing if existing is not None else DuplicateOf(suspect)
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
         row = await self._call("fetchrow", READ_KEY, merchant_id, key)
