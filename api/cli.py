@@ -370,13 +370,8 @@ def guard_command(
     and terminal within the window of an approved one answers 409 suspected_duplicate unless
     the body says "allow_duplicate": true (contract §2.2). Off by default. Servers apply a
     change within a minute (their API-key cache)."""
-    from api.transactions.guard import (
-        DEFAULT_WINDOW_S,
-        UnknownMerchantError,
-        describe,
-        set_window,
-        setting,
-    )
+    from api.transactions.guard import DEFAULT_WINDOW_S, describe, set_window, setting
+    from api.transactions.operator import UnknownMerchantError
 
     if off and (on or window is not None):
         raise typer.BadParameter("--off cannot be combined with --on or --window")

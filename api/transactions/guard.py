@@ -146,10 +146,6 @@ def blocked(duplicate_of: str, terminal_id: str) -> Outcome:
 # ------------------------------------------------------------------ the admin command
 
 
-class UnknownMerchantError(LookupError):
-    """No merchant has this name or id."""
-
-
 @dataclass(frozen=True, slots=True)
 class GuardSetting:
     merchant_id: str
@@ -158,18 +154,15 @@ class GuardSetting:
 
 
 async def setting(engine: AsyncEngine, merchant: str) -> GuardSetting:
-    """The guard of the merchant named ``merchant`` (or whose id it is)."""
+    """The guard of the merchant ``merchant`` (its id, or else its name: ``merchant_of``)."""
+    from api.transactions.operator import merchant_of  # operator → resolution → service → here
+
+    merchant_id, name = await merchant_of(engine, merchant)
     async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                select(Merchant.id, Merchant.name, Merchant.duplicate_guard_s).where(
-                    (Merchant.name == merchant) | (Merchant.id == merchant)
-                )
-            )
-        ).first()
-    if row is None:
-        raise UnknownMerchantError(f"no merchant named {merchant!r}")
-    return GuardSetting(str(row.id), str(row.name), row.duplicate_guard_s)
+        window = await conn.scalar(
+            select(Merchant.duplicate_guard_s).where(Merchant.id == merchant_id)
+        )
+    return GuardSetting(merchant_id, name, window)
 
 
 async def set_window(engine: AsyncEngine, merchant: str, window_s: int | None) -> GuardSetting:

@@ -50,13 +50,15 @@ class KeyReport:
 
 
 async def merchant_of(engine: AsyncEngine, merchant: str) -> tuple[str, str]:
-    """(id, name) of the merchant named ``merchant`` or whose id it is."""
+    """(id, name) of the merchant whose id it is or, else, named ``merchant``: an id match
+    wins, so a merchant whose *name* is another's id never makes the answer depend on the
+    row order (the admin commands: key tools, guard)."""
     async with engine.connect() as conn:
         row = (
             await conn.execute(
-                select(Merchant.id, Merchant.name).where(
-                    or_(Merchant.name == merchant, Merchant.id == merchant)
-                )
+                select(Merchant.id, Merchant.name)
+                .where(or_(Merchant.name == merchant, Merchant.id == merchant))
+                .order_by((Merchant.id == merchant).desc())
             )
         ).first()
     if row is None:

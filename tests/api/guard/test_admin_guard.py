@@ -105,3 +105,19 @@ def test_a_real_server_obeys_the_command(deployment: Deployment) -> None:
     assert replay.content == confirmed.content
     rows = backend.sql('SELECT duplicate_override FROM "transaction" WHERE id = :k', k=second)
     assert [bool(row[0]) for row in rows] == [True]
+
+
+def test_a_merchant_id_wins_over_another_merchants_name_equal_to_it(
+    private_backend: Backend,
+) -> None:
+    """A merchant whose *name* is another's id: the id names the other one, always (before,
+    the row order decided which merchant the command changed — hostile review, session 5)."""
+    owner = f"guard-owner-{uuid.uuid4().hex[:6]}"
+    private_backend.api_key(owner)
+    owner_id = str(private_backend.sql("SELECT id FROM merchant WHERE name = :n", n=owner)[0][0])
+    private_backend.api_key(owner_id)  # a second merchant, named like the first one's id
+    on = idempay(private_backend, owner_id, "--window", "60")
+    assert on.exit_code == 0, on.stderr
+    assert f"{owner} ({owner_id})" in on.stdout
+    assert window_of(private_backend, owner) == 60
+    assert window_of(private_backend, owner_id) is None  # the merchant *named* so: untouched
