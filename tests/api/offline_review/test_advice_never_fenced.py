@@ -53,7 +53,11 @@ class OutageIssuer(SimulatedIssuer):
 
 
 @pytest.fixture
-async def service(backend: Backend) -> AsyncIterator[TransactionService]:
+async def service(private_backend: Backend) -> AsyncIterator[TransactionService]:
+    """On a database of this test's own: the suite's shared databases have servers whose
+    completers re-drive any expired lease they find — one taking this test's key over first
+    made ``recover`` answer LOST, and an operator's abort meet a live lease (409), in CI."""
+    backend = private_backend
     settings = Settings(
         database_url=backend.database_url,
         var_dir=backend.tmp / "var",

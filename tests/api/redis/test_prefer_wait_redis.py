@@ -38,13 +38,17 @@ def test_woken_duplicates_are_not_answered_by_a_stale_busy_hint(
                 timeout=30,
             )
             duplicates = [
-                pool.submit(api.create, key, slow, Prefer="wait=10")
+                pool.submit(api.create, key, slow, Prefer="wait=20")
                 for key in keys
                 for _ in range(DUPLICATES)
             ]
             first = [f.result() for f in originals]
             waited = [f.result() for f in duplicates]
-        assert {r.status_code for r in first} <= {201}, [r.text for r in first]
+        # An original answers 201, or 202 when its issuer call (2.5 s sleep, plus the issuer
+        # record's write on a pool of 8) outran the 5 s issuer timeout on a loaded CI machine:
+        # contract §2.2 allows it, and the key is then re-driven by the completer, so its
+        # duplicates (waiting up to the 20 s cap) still end on the replay below.
+        assert {r.status_code for r in first} <= {201, 202}, [r.text for r in first]
         statuses = [(r.status_code, r.headers.get("idempotent-replayed")) for r in waited]
         # a duplicate that came after the commit is a plain replay; none may be left 409
         assert all(s == (201, "true") for s in statuses), statuses
