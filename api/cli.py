@@ -124,10 +124,12 @@ def serve(
     import uvicorn
 
     from api.migrate import migrate
+    from api.pg_checks import warn_about_postgres
 
     settings = Settings()
     if migrate_first:
         migrate(settings)
+    warn_about_postgres(settings)
     workers = workers or default_workers(settings)
     if workers > 1:
         _prepare_multiprocess_metrics()
@@ -153,10 +155,12 @@ def serve(
 def migrate_command() -> None:
     """Apply Alembic migrations to the configured database."""
     from api.migrate import migrate
+    from api.pg_checks import warn_about_postgres
 
     settings = Settings()
     migrate(settings)
     typer.echo(f"migrated {settings.resolved_database_url.split('@')[-1]}")
+    warn_about_postgres(settings)
 
 
 @admin.command("create-key")

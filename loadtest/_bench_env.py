@@ -30,6 +30,7 @@ __all__ = [
     "PG_ADMIN",
     "CpuSample",
     "Server",
+    "analyze",
     "cpu_delta",
     "create_database",
     "database_url",
@@ -243,13 +244,37 @@ async def _postgres_settings(name: str) -> dict[str, str]:
         version = await conn.fetchval("SHOW server_version")
         sync = await conn.fetchval("SHOW synchronous_commit")
         shared = await conn.fetchval("SHOW shared_buffers")
+        autovacuum = await conn.fetchval("SHOW autovacuum")
     finally:
         await conn.close()
-    return {"version": version, "synchronous_commit": sync, "shared_buffers": shared}
+    return {
+        "version": version,
+        "synchronous_commit": sync,
+        "shared_buffers": shared,
+        "autovacuum": autovacuum,
+    }
 
 
 def postgres_settings(name: str) -> dict[str, str]:
     return asyncio.run(_postgres_settings(name))
+
+
+async def _analyze(name: str) -> None:
+    conn = await asyncpg.connect(pg_url(name, driver="postgresql"))
+    try:
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
+def analyze(name: str) -> None:
+    """``ANALYZE`` the bench database: what autovacuum does on a stock server, which this
+    machine's shared Postgres runs without (``autovacuum = off``, its CI configuration).
+    Without it, plans cached while the tables were empty are never refreshed — the create's
+    ledger foreign-key check then walks every row of the merchant and the create decays
+    round after round (docs/benchmarks.md, "Session 6"; ``api/pg_checks.py`` warns an
+    operator about it). The bench calls it before each round, outside the timed window."""
+    asyncio.run(_analyze(name))
 
 
 _FREE_SLOTS = """

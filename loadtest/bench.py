@@ -11,7 +11,10 @@ aiohttp generator in its own process on the same machine. Scenarios — create, 
 pre-created keys, lookup of existing keys, and pgbench running the create's SQL when it is
 installed — are measured in alternating rounds (forward, then reversed order, so slow drift
 on a shared machine hits every scenario alike). Only ratios taken side by side in one run
-mean anything here; absolute figures move with the machine's other load.
+mean anything here; absolute figures move with the machine's other load. Before each round
+the bench runs ``ANALYZE`` on its database — what autovacuum does on a stock Postgres, which
+this machine's shared server runs without (``_bench_env.analyze``; docs/benchmarks.md,
+"Session 6").
 
 Issue 13's comparison servers run in the same rounds with the same client
 (``loadtest/_bench_peers.py``): ``plain`` (FastAPI, pydantic body + one Redis INCR),
@@ -52,6 +55,7 @@ from loadtest._bench_driver import SCENARIOS, Load, run_load
 from loadtest._bench_env import (
     PG_ADMIN,
     Server,
+    analyze,
     cpu_delta,
     create_database,
     drop_database,
@@ -181,6 +185,7 @@ class Bench:
             self._seed()
             self._warm_up()
             for number in range(self.args.rounds):
+                analyze(database)  # autovacuum's part, outside the timed rounds (_bench_env)
                 order = self.order if number % 2 == 0 else self.order[::-1]
                 for scenario in order:
                     self._measure(scenario, number)

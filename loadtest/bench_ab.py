@@ -36,6 +36,7 @@ from loadtest._bench_driver import Load, run_load
 from loadtest._bench_env import (
     ROOT,
     Server,
+    analyze,
     create_database,
     drop_database,
     prepare_database,
@@ -138,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                         load = Load(server.url, keys[name], scenario, 1.0, args.concurrency, pool)
                         executor.submit(run_load, load).result()
                 for number in range(args.rounds):
+                    for database in databases:  # autovacuum's part (_bench_env.analyze)
+                        analyze(database)
                     order = ["base", "new"] if number % 2 == 0 else ["new", "base"]
                     for scenario in args.scenarios:
                         for name in order:
