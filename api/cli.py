@@ -571,7 +571,7 @@ def completer() -> None:
     configure_logging(settings)  # JSON lines, like the API's
 
     async def run() -> None:
-        ctx = build_context(settings)
+        ctx = await build_context(settings)
         try:
             await Completer(ctx.service, interval=settings.completer_interval).run_forever()
         finally:

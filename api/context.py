@@ -19,6 +19,7 @@ from api.transactions.service import TransactionService
 class AppContext:
     settings: Settings
     engine: AsyncEngine
+    citus: bool  # the database has Citus: probed once by build_context (api/main.py)
     service: TransactionService
     auth: Authenticator
     limiter: RateLimiter

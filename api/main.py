@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,6 +29,7 @@ from api.idempotency.cache import ResponseCache
 from api.idempotency.completer import Completer
 from api.idempotency.waiters import Waiters, listen_args
 from api.logs import configure_logging
+from api.migrate import has_citus
 from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
 from api.transactions.http import MAX_BODY_BYTES
@@ -92,7 +94,7 @@ def create_redis(settings: Settings) -> Any | None:
     return aioredis.Redis(connection_pool=pool)
 
 
-def inline_writer(settings: Settings) -> InlineWriter | None:
+def inline_writer(settings: Settings, *, citus: bool) -> InlineWriter | None:
     """The one-write create's storage (api/transactions/inline.py): a prepared statement on
     the hot path's own asyncpg pool (its share of ``IDEMPAY_DB_POOL_SIZE``, ``split_budget``),
     or SQLite's group-commit writer thread (not for ``:memory:``). Closed by the lifespan
@@ -102,7 +104,7 @@ def inline_writer(settings: Settings) -> InlineWriter | None:
 
         _engine_share, hot_share = split_budget(settings.db_pool_size)
         pool = DriverPool(settings.resolved_database_url, hot_share, timeout=settings.db_timeout)
-        return PgInline(pool)
+        return PgInline(pool, citus=citus)
     path = settings.resolved_database_url.split("///", 1)[1]
     if not path or path == ":memory:":
         return None
@@ -111,10 +113,28 @@ def inline_writer(settings: Settings) -> InlineWriter | None:
     return SqliteInline(path)
 
 
-def build_context(settings: Settings) -> AppContext:
+async def database_has_citus(engine: AsyncEngine) -> bool:
+    """The process's one Citus probe (``pg_extension``), asked by ``build_context``: the
+    answer never changes while the database runs. SQLite: False, without a query."""
+    if engine.dialect.name != "postgresql":
+        return False
+    async with engine.connect() as conn:
+        return await conn.run_sync(has_citus)
+
+
+async def build_context(settings: Settings) -> AppContext:
+    """Everything the routes need. Asks the database once whether it has Citus, and hands
+    the answer to each part that writes or reads differently there (the one-write create,
+    the issuer simulator, the event writer, the listing); a database that does not answer
+    fails the start, as ``idempay serve``'s migration before it would."""
     engine_share, hot_share = split_budget(settings.db_pool_size)
     engine = create_engine(settings, pool_size=engine_share)
-    issuer = SimulatedIssuer(engine, slow_seconds=settings.issuer_slow_seconds)
+    try:
+        citus = await database_has_citus(engine)
+    except BaseException:
+        await engine.dispose()
+        raise
+    issuer = SimulatedIssuer(engine, slow_seconds=settings.issuer_slow_seconds, citus=citus)
     redis = create_redis(settings)
     cache = ResponseCache(
         redis,
@@ -126,8 +146,9 @@ def build_context(settings: Settings) -> AppContext:
     return AppContext(
         settings=settings,
         engine=engine,
+        citus=citus,
         service=TransactionService(
-            engine, issuer, settings, cache=cache, inline=inline_writer(settings)
+            engine, issuer, settings, cache=cache, inline=inline_writer(settings, citus=citus)
         ),
         auth=Authenticator(engine),
         limiter=RateLimiter(
@@ -138,6 +159,7 @@ def build_context(settings: Settings) -> AppContext:
         ),
         events=EventWriter(
             engine,
+            citus=citus,
             batch_size=settings.event_batch_size,
             interval=settings.event_flush_interval,
             max_queue=settings.event_queue_max,
@@ -208,7 +230,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = build_context(settings)
+        ctx = await build_context(settings)
         app.state.ctx = ctx
         events = asyncio.create_task(ctx.events.run_forever(), name="events")
         tasks: list[asyncio.Task[None]] = []

@@ -68,7 +68,7 @@ async def _drive(
 
 
 async def _compare(settings: Settings, args: argparse.Namespace) -> None:
-    ctx = build_context(settings)
+    ctx = await build_context(settings)
     one_write = ctx.service
     general = TransactionService(ctx.engine, one_write.issuer, settings)
     variants = {"general": general, "one-write": one_write}

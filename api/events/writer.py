@@ -11,7 +11,7 @@ On Postgres a batch is one ``INSERT … SELECT FROM unnest(…)`` statement (one
 column, an asyncpg prepared statement on a connection of the engine's pool, in its own
 transaction); on SQLite one executemany in a transaction.
 
-On Citus (the extension installed: asked once, by the first flush) a batch is split by
+On Citus (``citus``: the app's start-up probe, ``api.main``) a batch is split by
 merchant, and each merchant's rows go in multi-row ``INSERT … VALUES`` statements of 64,
 32, …, 1 rows (seven statement texts, each prepared once per connection), each in its own
 transaction: every statement is routed to the merchant's shard, one task on one worker.
@@ -41,7 +41,6 @@ from enum import StrEnum
 from typing import Any
 
 import structlog
-from sqlalchemy import text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -108,7 +107,6 @@ ON CONFLICT (merchant_id, event_id) DO NOTHING
 
 # Citus: a merchant's rows, at most CITUS_CHUNK per statement, in power-of-two chunks.
 CITUS_CHUNK = 64
-CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 _MERCHANT = COLUMNS.index("merchant_id")
 
 
@@ -172,10 +170,14 @@ def _insert_once(dialect: str) -> Any:
 
 
 class EventWriter:
+    """``citus``: the database has Citus (the app's start-up probe, ``api.main``): each
+    merchant's rows are written by statements of their own (``_insert_by_merchant``)."""
+
     def __init__(
         self,
         engine: AsyncEngine,
         *,
+        citus: bool,
         batch_size: int,
         interval: float,
         max_queue: int,
@@ -186,8 +188,9 @@ class EventWriter:
         self._max_queue = max_queue
         self._queue: deque[Event | Row] = deque()
         self._postgres = engine.dialect.name == "postgresql"
-        # Citus or not: asked by the first flush (None until then), never again
-        self._citus: bool | None = None if self._postgres else False
+        if citus and not self._postgres:
+            raise ValueError("Citus is a Postgres extension")
+        self._citus = citus
         self._insert = _insert_once(engine.dialect.name)
         self._closing = asyncio.Event()
 
@@ -202,8 +205,6 @@ class EventWriter:
         queue = self._queue
         taken = min(self._batch_size, len(queue))
         if not taken:
-            return 0
-        if self._citus is None and not await self._detect_citus():
             return 0
         rows = [_row(queue.popleft()) for _ in range(taken)]
         if self._citus:
@@ -230,17 +231,6 @@ class EventWriter:
             raise
         finally:
             pooled.close()
-
-    async def _detect_citus(self) -> bool:
-        """Whether the database has Citus, asked once; False when it did not answer (the
-        queue is left as it is, the next flush asks again)."""
-        try:
-            async with self._engine.connect() as conn:
-                self._citus = bool(await conn.scalar(text(CITUS)))
-        except Exception as exc:
-            log.warning("event_flush_failed", error=type(exc).__name__, events=0)
-            return False
-        return True
 
     async def _insert_by_merchant(self, rows: list[Row]) -> int:
         """Citus: each merchant's rows in statements of their own, each its own transaction

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import math
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -79,7 +81,12 @@ ADOPT = text(
     " AND NOT EXISTS (SELECT 1 FROM issuer_authorization WHERE merchant_id = :m"
     " AND issuer_key = :k)"
 )
-CITUS = "SELECT 1 FROM pg_extension WHERE extname = 'citus'"
+# Whether any legacy record is stored at all: one probe of the key's leading column.
+LEGACY_STORED = text("SELECT EXISTS (SELECT 1 FROM issuer_authorization WHERE merchant_id = '')")
+# How long "no legacy record is stored" is believed before it is asked again (see _adopt):
+# one probe per 10 s costs nothing next to an UPDATE per authorize, and stays under the
+# default 15 s lease, after which an old replica's key is re-driven elsewhere.
+LEGACY_RECHECK_S = 10.0
 
 
 def derive_issuer_key(secret: str, merchant_id: str, key: str) -> str:
@@ -97,10 +104,24 @@ def _decide(issuer_key: str, card_token: str) -> Authorization:
 
 
 class SimulatedIssuer:
-    def __init__(self, engine: AsyncEngine, *, slow_seconds: float) -> None:
+    """``citus``: the database has Citus (the app's start-up probe, ``api.main``); there no
+    legacy record is ever adopted. ``legacy_recheck_s``: how often ``_adopt`` asks again
+    whether any legacy record is stored."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        slow_seconds: float,
+        citus: bool = False,
+        legacy_recheck_s: float = LEGACY_RECHECK_S,
+    ) -> None:
         self._engine = engine
         self._slow_seconds = slow_seconds
-        self._legacy_rows: bool | None = None  # may hold merchant '' records (see _adopt)
+        self._citus = citus
+        self._legacy_recheck_s = legacy_recheck_s
+        self._legacy_stored = False  # the last answer of LEGACY_STORED …
+        self._legacy_due = -math.inf  # … and when (time.monotonic) it is asked again
 
     def answers_inline(self, card_token: str) -> bool:
         return card_token not in SLOW_TOKENS
@@ -237,20 +258,32 @@ class SimulatedIssuer:
         """Plain Postgres and SQLite: a record an older replica wrote under merchant ``''``
         (code before 7c2ea99; migration 0012 re-homed the ones stored before it ran) moves to
         its merchant when the merchant has none, so a re-drive finds its first answer and a
-        void voids it — one statement, a primary-key probe. True on these backends: a ``''``
-        record may remain beside the merchant's own (an older replica wrote it after ours),
-        and a void cancels it too. Never on Citus (False): its hot path stays single-shard,
-        and no code before 7c2ea99 served a Citus database."""
-        if not merchant_id or not await self._tolerates_legacy(conn):
+        void voids it — one statement, a primary-key probe. True when it ran: a ``''`` record
+        may remain beside the merchant's own (an older replica wrote it after ours), and a
+        void cancels it too. Never on Citus (False): its hot path stays single-shard, and no
+        code before 7c2ea99 served a Citus database.
+
+        Only while a ``''`` record is stored at all (``_legacy_may_be_stored``): on a database
+        no older replica wrote to since 0012 ran, none is, and the statement is not sent. A
+        ``''`` record nothing adopts (0012 keeps those of purged keys; an older replica's
+        whose key is never re-driven nor voided) keeps the adoption on while it is stored."""
+        if not merchant_id or not await self._legacy_may_be_stored(conn):
             return False
         await conn.execute(ADOPT, {"m": merchant_id, "k": issuer_key})
         return True
 
-    async def _tolerates_legacy(self, conn: AsyncConnection) -> bool:
-        if self._legacy_rows is None:
-            if conn.dialect.name != "postgresql":
-                self._legacy_rows = True
-            else:
-                citus = await conn.execute(text(CITUS))
-                self._legacy_rows = citus.first() is None
-        return self._legacy_rows
+    async def _legacy_may_be_stored(self, conn: AsyncConnection) -> bool:
+        """Whether any ``''`` record is stored, asked on first use and again at most every
+        ``legacy_recheck_s`` (one index probe, in the caller's transaction). An older replica
+        still serving during a rolling upgrade may write one after an answer of "none": it is
+        adopted from the next look on, ``legacy_recheck_s`` later at most — a re-drive or a
+        void of its key on this process before that look misses it, as before 0012. The
+        answer is kept only once the statement succeeded: a failed look is asked again by
+        the next call."""
+        if self._citus:
+            return False
+        now = time.monotonic()
+        if now >= self._legacy_due:
+            self._legacy_stored = bool(await conn.scalar(LEGACY_STORED))
+            self._legacy_due = now + self._legacy_recheck_s
+        return self._legacy_stored

@@ -17,14 +17,12 @@ import hashlib
 import hmac
 import json
 import re
-import weakref
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import Engine, and_, literal_column, or_, select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import and_, literal_column, or_, select
 from starlette.datastructures import QueryParams
 
 from api.errors import ValidationFailedError
@@ -159,18 +157,6 @@ SELECT COALESCE(
        AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database()))),
   pg_snapshot_xmax(s.snap)::text::bigint)
 FROM (SELECT pg_current_snapshot() AS snap) AS s)"""
-_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
-_BY_POSITION: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
-
-
-async def _by_position(engine: AsyncEngine, conn: AsyncConnection) -> bool:
-    """Whether this database pages by ``listing_pos`` (SQLite, Postgres without Citus; asked
-    once per engine) or, on Citus, still by (created_at, id) — migration 0011."""
-    known = _BY_POSITION.get(engine.sync_engine)
-    if known is None:
-        known = conn.dialect.name == "sqlite" or not (await conn.execute(text(_CITUS))).scalar()
-        _BY_POSITION[engine.sync_engine] = known
-    return known
 
 
 def _after(table: Any, by_position: bool, after: list[Any]) -> Any:
@@ -195,13 +181,16 @@ def _after(table: Any, by_position: bool, after: list[Any]) -> Any:
     return or_(listing_pos > pos, and_(listing_pos == pos, later))
 
 
-async def page(service: TransactionService, merchant_id: str, query: Query) -> Outcome:
+async def page(
+    service: TransactionService, merchant_id: str, query: Query, *, citus: bool
+) -> Outcome:
     """One page of ``merchant_id``'s transactions, in commit order (finding C of the review
     of issue 16): by ``listing_pos`` (migration 0011), then created_at, then id. On Postgres
     only rows below the oldest transaction still running are read — a row committed later
-    always has a higher position — so resuming from a cursor never skips one. On Citus, for
-    now, by (created_at, id), which can skip a row committed after the cursor passed its
-    created_at (docs/contract.md §2.7)."""
+    always has a higher position — so resuming from a cursor never skips one. On Citus
+    (``citus``: the app's start-up probe, ``api.main``), for now, by (created_at, id) —
+    migration 0011 leaves ``listing_pos`` out there — which can skip a row committed after
+    the cursor passed its created_at (docs/contract.md §2.7)."""
     secret = service.settings.secret_key
     after = decode_cursor(secret, merchant_id, query)
     table = Transaction.__table__
@@ -209,8 +198,8 @@ async def page(service: TransactionService, merchant_id: str, query: Query) -> O
     conditions: list[Any] = [table.c.merchant_id == merchant_id, created >= query.since]
     if query.terminal_id is not None:
         conditions.append(table.c.terminal_id == query.terminal_id)
+    by_position = not citus
     async with service.reader.connect() as conn:
-        by_position = await _by_position(service.reader, conn)
         if after is not None:
             conditions.append(_after(table, by_position, after))
         order: tuple[Any, ...] = (created, txn_id)

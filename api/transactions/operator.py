@@ -157,7 +157,7 @@ async def act(
     """Fence or reverse ``key`` of ``merchant`` as the HTTP route would, with ``reason``."""
     from api.main import build_context
 
-    ctx = build_context(settings)
+    ctx = await build_context(settings)
     try:
         merchant_id, _ = await merchant_of(ctx.engine, merchant)
         run = resolution.abort if action == "fence" else resolution.reverse

@@ -16,7 +16,7 @@ it, and the caller reads the row afterwards.
 The key reads of the hot path (replay, lookup, abort, reversal) use the same pool: one
 prepared ``SELECT`` in autocommit, no BEGIN/ROLLBACK, no SQLAlchemy.
 
-On Citus (the extension installed, asked once by the first create) ``create`` writes
+On Citus (``citus``, probed once at start-up by ``api.main``) ``create`` writes
 nothing and answers ``False``: the general path writes instead, every statement routed to
 the merchant's shard (docs/scaling.md). ``CREATE`` itself is the same statement on both.
 
@@ -120,8 +120,6 @@ FROM (SELECT 1) AS one
 LEFT JOIN idempotency_key AS r ON r.merchant_id = $1 AND r.key = $2
 """
 
-CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
-
 READ_KEY = """
 SELECT merchant_id, key, state, fingerprint, lease_token, lease_until, request,
   response_status, response_body, terminal_id, created_at, deadline_at
@@ -136,18 +134,15 @@ READ_TRANSACTION = (
 
 
 class PgInline:
-    def __init__(self, pool: DriverPool) -> None:
-        self.pool = pool
-        self.citus: bool | None = None  # the database has Citus: decided by the first create
+    """``citus``: the database has Citus (the app's start-up probe, ``api.main``). Citus plans
+    each INSERT of ``CREATE``'s CTE as a step of its own and ships the steps' results to every
+    worker (one worker down would fail every merchant's create), so there ``create`` writes
+    nothing and the general path writes instead: one transaction of statements, each routed
+    to the merchant's shard."""
 
-    async def detect_citus(self) -> bool:
-        """Once per process (the first create asks; the answer never changes while the
-        database runs). Citus plans each INSERT of ``CREATE``'s CTE as a step of its own and
-        ships the steps' results to every worker (one worker down would fail every
-        merchant's create), so there the general path writes instead: one transaction of
-        statements, each routed to the merchant's shard."""
-        self.citus = bool(await self._call("fetchval", CITUS))
-        return self.citus
+    def __init__(self, pool: DriverPool, *, citus: bool) -> None:
+        self.pool = pool
+        self.citus = citus
 
     async def _call(self, method: str, statement: str, *args: Any) -> Any:
         pool = self.pool
@@ -172,10 +167,7 @@ class PgInline:
     async def create(
         self, rows: InlineCreate, guard: Guard | None = None
     ) -> KeyRecord | bool | DuplicateOf:
-        citus = self.citus
-        if citus is None:
-            citus = await self.detect_citus()
-        if citus:
+        if self.citus:
             return False  # nothing written: the general path answers (one shard per statement)
         txn, ledger, event = rows.txn, rows.ledger or {}, rows.event
         args: tuple[Any, ...]

@@ -227,7 +227,7 @@ async def list_transactions(
         merchant_id, key_hash = await ctx.auth.authenticate(request)
         await ctx.limiter.check(key_hash)
         query = listing.parse(request.query_params)
-        return await listing.page(ctx.service, merchant_id, query)
+        return await listing.page(ctx.service, merchant_id, query, citus=ctx.citus)
 
     return await call.run(work, RequestOutcome.NOT_RECORDED)
 

@@ -180,7 +180,7 @@ async def test_a_batch_retried_after_a_lost_commit_reply_lands_once(
     async with _PgHop(cutter).running() as hop:
         url = private_pg_backend.database_url.replace(":5432/", f":{hop.port}/")
         engine = create_engine(Settings(database_url=url, var_dir=private_pg_backend.tmp / "v"))
-        writer = EventWriter(engine, batch_size=100, interval=60, max_queue=1000)
+        writer = EventWriter(engine, citus=False, batch_size=100, interval=60, max_queue=1000)
         try:
             for event in _events(merchant, 50):
                 writer.record(event)
@@ -202,7 +202,7 @@ async def test_shutdown_drain_waits_out_a_database_restart(private_pg_backend: B
     async with _PgHop().running() as gate:
         url = private_pg_backend.database_url.replace(":5432/", f":{gate.port}/")
         engine = create_engine(Settings(database_url=url, var_dir=private_pg_backend.tmp / "v"))
-        writer = EventWriter(engine, batch_size=100, interval=60, max_queue=1000)
+        writer = EventWriter(engine, citus=False, batch_size=100, interval=60, max_queue=1000)
         try:
             runner = asyncio.create_task(writer.run_forever())
             await asyncio.sleep(0)  # the runner starts, waiting out its interval

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from alembic import command
 from alembic.script import ScriptDirectory
+from sqlalchemy import event
 
 from api.config import Settings
 from api.db import atomic, create_engine, utcnow
@@ -275,3 +276,49 @@ def test_0012_on_many_keys_moves_only_what_a_key_names(fresh: Backend) -> None:
     assert asyncio.run(run()) == {"moved": 0, "merged": 0}
     owners = fresh.sql("SELECT merchant_id, count(*) FROM issuer_authorization GROUP BY 1")
     assert [tuple(r) for r in owners] == [(MERCHANT, 12)]
+
+
+@pytest.mark.parametrize("deadline", [60.0, 3600.0], ids=["fenced", "re_driven"])
+def test_an_old_record_written_after_the_first_look_is_adopted_at_the_next(
+    fresh: Backend, deadline: float
+) -> None:
+    """The adoption runs only while a '' record is stored (``SimulatedIssuer._adopt``): a
+    process that looked and found none sends no adoption, yet a '' record an old replica
+    writes afterwards is adopted once the look is due again (``legacy_recheck_s``, short
+    here) — voided with its key when fenced, answered again when re-driven."""
+    migrate(fresh.settings)
+    first = in_flight_key(fresh, deadline=deadline)
+    recheck = 0.5
+    adopts: list[str] = []
+
+    async def run() -> str:
+        settings = settings_for(fresh, deadline=deadline)
+        engine = create_engine(settings)
+
+        @event.listens_for(engine.sync_engine, "before_cursor_execute")
+        def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if statement.startswith("UPDATE issuer_authorization SET merchant_id"):
+                adopts.append(statement)
+
+        try:
+            issuer = SimulatedIssuer(engine, slow_seconds=0, legacy_recheck_s=recheck)
+            completer = Completer(TransactionService(engine, issuer, settings), interval=0.05)
+            assert await completer.run_once() == 1  # the first look: no '' record stored …
+            assert adopts == []  # … so no adoption is sent
+            key = await asyncio.to_thread(in_flight_key, fresh, deadline=deadline)
+            await asyncio.to_thread(old_issuer_record, fresh, key)  # an old replica's record
+            await asyncio.sleep(recheck)
+            await completer.run_once()  # the key (and, re-driven, `first` once more)
+            return key
+        finally:
+            await engine.dispose()
+
+    key = asyncio.run(run())
+    assert adopts  # the next look found the '' record
+    if deadline == 60.0:
+        assert state(fresh, key) == "aborted"
+        assert issuer_rows(fresh, key) == [(MERCHANT, "voided", 1)]
+    else:
+        assert state(fresh, first) == state(fresh, key) == "completed"
+        assert issuer_rows(fresh, key) == [(MERCHANT, "approved", 2)]
+        assert count(fresh, "transaction", key, "AND status = 'approved'") == 1

@@ -105,7 +105,7 @@ async def test_close_closes_idle_and_returned_connections(private_pg_backend: Ba
 async def test_no_connection_in_time_is_storage_unavailable(pool: DriverPool) -> None:
     held = [await pool.acquire(), await pool.acquire()]
     with pytest.raises(StorageUnavailableError):  # answered 503, nothing acknowledged
-        await PgInline(pool).read("mer_x", str(uuid.uuid4()))
+        await PgInline(pool, citus=False).read("mer_x", str(uuid.uuid4()))
     for conn in held:
         pool.release(conn)
 
@@ -120,7 +120,7 @@ async def test_a_worker_stays_inside_its_connection_budget(private_pg_backend: B
 
     budget = 4
     settings = private_pg_backend.settings.model_copy(update={"db_pool_size": budget})
-    ctx = build_context(settings)
+    ctx = await build_context(settings)
     database = private_pg_backend.url.rsplit("/", 1)[1]
     seen: list[int] = []
 

@@ -47,7 +47,7 @@ async def sqlite_ctx(private_sqlite_backend: Backend) -> AsyncIterator[AppContex
 
 async def _context(backend: Backend) -> AsyncIterator[AppContext]:
     settings = backend.settings.model_copy(update={"db_pool_size": 4})  # shared PG
-    context = build_context(settings)
+    context = await build_context(settings)
     assert context.service.inline is not None
     try:
         yield context
