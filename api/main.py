@@ -23,7 +23,7 @@ from api.context import AppContext
 from api.db import DriverPool, create_engine, split_budget
 from api.docs_page import mount_docs
 from api.errors import ApiError, ValidationFailedError, problem_response, unexpected
-from api.events.writer import EventWriter
+from api.events.writer import EventWriter, SqliteBatches
 from api.http_limits import BodyDeadlineMiddleware
 from api.idempotency.cache import ResponseCache
 from api.idempotency.completer import Completer
@@ -113,20 +113,39 @@ def inline_writer(settings: Settings, *, citus: bool) -> InlineWriter | None:
     return SqliteInline(path)
 
 
-async def database_has_citus(engine: AsyncEngine) -> bool:
+# How long a starting worker waits for its database to answer the Citus probe. The deployed
+# API starts with --no-migrate, so nothing before it has waited: a replica (re)started while
+# Postgres is down or failing over waits here, logging, instead of failing its start at once.
+STARTUP_WAIT_SECONDS = 60.0
+
+
+async def database_has_citus(engine: AsyncEngine, *, wait: float = STARTUP_WAIT_SECONDS) -> bool:
     """The process's one Citus probe (``pg_extension``), asked by ``build_context``: the
-    answer never changes while the database runs. SQLite: False, without a query."""
+    answer never changes while the database runs. SQLite: False, without a query. A database
+    that does not answer is asked again (0.25 s, doubling to 4 s) for up to ``wait`` seconds;
+    then the last error is raised and the start fails."""
     if engine.dialect.name != "postgresql":
         return False
-    async with engine.connect() as conn:
-        return await conn.run_sync(has_citus)
+    deadline = asyncio.get_running_loop().time() + wait
+    pause = 0.25
+    while True:
+        try:
+            async with engine.connect() as conn:
+                return await conn.run_sync(has_citus)
+        except Exception as exc:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise
+            log.warning("database_unavailable_at_start", error=type(exc).__name__, retry_s=pause)
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, 4.0)
 
 
 async def build_context(settings: Settings) -> AppContext:
     """Everything the routes need. Asks the database once whether it has Citus, and hands
     the answer to each part that writes or reads differently there (the one-write create,
     the issuer simulator, the event writer, the listing); a database that does not answer
-    fails the start, as ``idempay serve``'s migration before it would."""
+    within ``STARTUP_WAIT_SECONDS`` fails the start."""
     engine_share, hot_share = split_budget(settings.db_pool_size)
     engine = create_engine(settings, pool_size=engine_share)
     try:
@@ -143,13 +162,14 @@ async def build_context(settings: Settings) -> AppContext:
         lookup_ttl=settings.lookup_cache_ttl,
         busy_ttl=settings.lease_seconds,
     )
+    inline = inline_writer(settings, citus=citus)
+    # SQLite: the request events' flushes ride the creates' writer thread (one fsync for both)
+    sqlite_batches = inline if isinstance(inline, SqliteBatches) else None
     return AppContext(
         settings=settings,
         engine=engine,
         citus=citus,
-        service=TransactionService(
-            engine, issuer, settings, cache=cache, inline=inline_writer(settings, citus=citus)
-        ),
+        service=TransactionService(engine, issuer, settings, cache=cache, inline=inline),
         auth=Authenticator(engine),
         limiter=RateLimiter(
             per_key=settings.rate_limit,
@@ -163,6 +183,7 @@ async def build_context(settings: Settings) -> AppContext:
             batch_size=settings.event_batch_size,
             interval=settings.event_flush_interval,
             max_queue=settings.event_queue_max,
+            sqlite=sqlite_batches,
         ),
         waiters=Waiters(
             limit=settings.waiters_max,

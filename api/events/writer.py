@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 from sqlalchemy.dialects import postgresql, sqlite
@@ -169,9 +169,20 @@ def _insert_once(dialect: str) -> Any:
     )
 
 
+@runtime_checkable
+class SqliteBatches(Protocol):
+    """The embedded SQLite's writer thread (``api.transactions.sqlite_create.SqliteInline``):
+    takes a flush's rows into its next batch and returns after that batch's COMMIT."""
+
+    async def write_events(self, rows: list[Row]) -> None: ...
+
+
 class EventWriter:
     """``citus``: the database has Citus (the app's start-up probe, ``api.main``): each
-    merchant's rows are written by statements of their own (``_insert_by_merchant``)."""
+    merchant's rows are written by statements of their own (``_insert_by_merchant``).
+    ``sqlite``: on the embedded SQLite, the creates' writer thread, whose batches carry the
+    flushes (one transaction and one fsync with the creates queued beside them, instead of a
+    ``BEGIN IMMEDIATE`` of the flush's own that creates would queue behind)."""
 
     def __init__(
         self,
@@ -181,6 +192,7 @@ class EventWriter:
         batch_size: int,
         interval: float,
         max_queue: int,
+        sqlite: SqliteBatches | None = None,
     ) -> None:
         self._engine = engine
         self._batch_size = batch_size
@@ -191,6 +203,9 @@ class EventWriter:
         if citus and not self._postgres:
             raise ValueError("Citus is a Postgres extension")
         self._citus = citus
+        if sqlite is not None and self._postgres:
+            raise ValueError("the SQLite writer thread writes SQLite only")
+        self._sqlite = sqlite
         self._insert = _insert_once(engine.dialect.name)
         self._closing = asyncio.Event()
 
@@ -291,6 +306,9 @@ class EventWriter:
         return written
 
     async def _insert_rows(self, rows: list[Row]) -> None:
+        if self._sqlite is not None:
+            await self._sqlite.write_events(rows)
+            return
         async with atomic(self._engine) as conn:
             await conn.execute(self._insert, [dict(zip(COLUMNS, row, strict=True)) for row in rows])
 

@@ -10,9 +10,11 @@ acknowledged, nothing of it stays).
 
 Key reads go to a second thread with a read-only connection (``query_only``, autocommit):
 under WAL a reader sees the last commit and takes no lock, so replays and lookups no longer
-queue behind writers for ``BEGIN IMMEDIATE``. Other writers (claims, aborts, reversals, the
-completer, request events) keep their ``BEGIN IMMEDIATE`` on SQLAlchemy's connections and
-queue with this thread on the database lock (``busy_timeout``).
+queue behind writers for ``BEGIN IMMEDIATE``. Request events' flushes (``write_events``) ride
+the writer's batches too, each in a savepoint of its own: one fsync for creates and events,
+instead of a flush holding the write lock for its own commit while creates wait. Other
+writers (claims, aborts, reversals, the completer) keep their ``BEGIN IMMEDIATE`` on
+SQLAlchemy's connections and queue with this thread on the database lock (``busy_timeout``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,13 @@ _SUSPECT = (
     " ORDER BY created_at DESC, id LIMIT 1"
 )
 _OVERRIDE = 'UPDATE "transaction" SET duplicate_override = 1 WHERE merchant_id = ? AND id = ?'
+# Request events (api/events/writer.py) ride the creates' commits: the same columns and
+# conflict rule as the writer's own insert, so a batch put back and retried lands once.
+_EVENTS = (
+    "INSERT INTO request_event (event_id, ts, merchant_id, terminal_id, idempotency_key,"
+    " endpoint, outcome, http_status, attempt, network, latency_ms)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (merchant_id, event_id) DO NOTHING"
+)
 _STOP = object()
 Statements = list[tuple[str, tuple[Any, ...]]]
 
@@ -92,6 +101,14 @@ class GuardedWork:
     statements: Statements
     probe: tuple[Any, ...]  # _SUSPECT's parameters
     allow: bool  # the cashier confirmed: write it anyway (as an override)
+
+
+@dataclass(frozen=True, slots=True)
+class EventRows:
+    """A flush of request events (``api.events.writer.COLUMNS`` order), written in the
+    writer's next batch: one transaction and one fsync with the creates queued beside it."""
+
+    rows: list[tuple[Any, ...]]
 
 
 def stored(moment: datetime | None) -> str | None:
@@ -255,10 +272,29 @@ def _resolve(answers: list[tuple[Any, Any]]) -> None:
             future.set_result(result)
 
 
-def _write_batch(db: sqlite3.Connection, jobs: list[Statements | GuardedWork]) -> list[Any]:
+def _apply_events(db: sqlite3.Connection, work: EventRows) -> Any:
+    """A flush of request events inside its own savepoint: True, or the error that undid
+    it (the creates beside it stand; the event writer puts its rows back)."""
+    db.execute("SAVEPOINT events")
+    try:
+        db.executemany(_EVENTS, [(row[0], stored(row[1]), *row[2:]) for row in work.rows])
+    except sqlite3.Error as exc:
+        db.execute("ROLLBACK TO events")
+        db.execute("RELEASE events")
+        return exc
+    db.execute("RELEASE events")
+    return True
+
+
+def _write_batch(
+    db: sqlite3.Connection, jobs: list[Statements | GuardedWork | EventRows]
+) -> list[Any]:
     db.execute("BEGIN IMMEDIATE")
     try:
-        results = [_apply(db, work) for work in jobs]
+        results = [
+            _apply_events(db, work) if isinstance(work, EventRows) else _apply(db, work)
+            for work in jobs
+        ]
         db.execute("COMMIT")  # synchronous=FULL: durable before anyone is answered
     except BaseException:
         if db.in_transaction:
@@ -299,6 +335,16 @@ class SqliteInline:
         if isinstance(result, DuplicateOf):
             return result
         return True if result is True else _record(result) or False
+
+    async def write_events(self, rows: list[tuple[Any, ...]]) -> None:
+        """Request events in the writer's next batch, answered once that batch's COMMIT is
+        durable. Raises what undid them (``StorageUnavailableError`` for a failed BEGIN or
+        COMMIT, the statement's error otherwise): nothing of them stays, the caller puts
+        them back."""
+        try:
+            await self.writer.submit(EventRows(rows))
+        except sqlite3.OperationalError as exc:
+            raise StorageUnavailableError(str(exc)) from exc
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
         return _record(await self.reader.submit((_READ_KEY, (merchant_id, key))))
