@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                     keys[name] = prepare_database(database)
                 else:
                     database = "-"
-                    path = workdir / name / "idempay.db"
+                    path = workdir / f"{name}-sqlite" / "idempay.db"  # not the worktree
                     path.parent.mkdir(parents=True)
                     keys[name] = peers.prepare_sqlite(path)
                     env["IDEMPAY_DATABASE_URL"] = peers.sqlite_url(path)
