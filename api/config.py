@@ -107,6 +107,11 @@ class Settings(BaseSettings):
         default=30, ge=1, description="Postgres connections per worker process (no overflow)."
     )
     db_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection.")
+    pg_group_commit: bool = Field(
+        default=True,
+        description="Postgres: the one-write creates queued at one moment are written as one"
+        " statement and one commit, each answered after that commit (false: one per create).",
+    )
     header_timeout: float = Field(
         default=10.0,
         gt=0,

@@ -104,7 +104,7 @@ def inline_writer(settings: Settings, *, citus: bool) -> InlineWriter | None:
 
         _engine_share, hot_share = split_budget(settings.db_pool_size)
         pool = DriverPool(settings.resolved_database_url, hot_share, timeout=settings.db_timeout)
-        return PgInline(pool, citus=citus)
+        return PgInline(pool, citus=citus, group_commit=settings.pg_group_commit)
     path = settings.resolved_database_url.split("///", 1)[1]
     if not path or path == ":memory:":
         return None

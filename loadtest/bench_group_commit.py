@@ -3,7 +3,9 @@
     python -m loadtest.bench_group_commit [--rounds 6] [--seconds 5] [--concurrency 50]
                                           [--pool 22] [--writers 1,2,4] [--cap 64]
 
-A prototype, NOT wired into the server. On a private database of the shared Postgres
+Measured before group commit was wired into the server (940a6ab); ``B`` now runs the server's
+own batcher and statement (api/transactions/pg_group.py: ``GroupCommit``, ``CREATE_MANY``,
+the same writers with K given here). On a private database of the shared Postgres
 (migrated with the real schema, dropped at the end), 50 asyncio tasks in a closed loop each
 build a create's rows with the app's own ``api.transactions.inline.build`` (fresh uuid4 keys,
 merchant ``bench``, one in ten declined: no ledger entry) and write them:
@@ -11,7 +13,8 @@ merchant ``bench``, one in ten declined: no ledger entry) and write them:
 - ``A``: today's create, ``PgInline.create`` (``pg_create.CREATE``: one prepared statement in
   autocommit per create, on an ``api.db.DriverPool`` of ``--pool`` connections);
 - ``B<K>``: group commit — the create is queued, and K writer tasks each take everything
-  queued (at most ``--cap``; a key already in the batch waits for the next one) and send it
+  queued (at most ``--cap``; a key already in the batch, or in a batch in flight, waits for
+  the next one) and send it
   as ONE statement, ``CREATE_MANY`` (the same CTE shape over ``unnest`` arrays, the key rows
   inserted in sorted (merchant, key) order, ``ON CONFLICT DO NOTHING``), in autocommit with
   ``synchronous_commit`` on; each create is answered from its row of the result only after
@@ -46,10 +49,9 @@ import os
 import statistics
 import time
 import uuid
-from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +61,19 @@ from api.config import Settings
 from api.db import DriverPool, create_engine, utcnow
 from api.idempotency.keys import body_fingerprint
 from api.idempotency.store import KeyRecord
-from api.storage_errors import storage_unavailable
 from api.transactions import inline
 from api.transactions.guard import DuplicateOf
-from api.transactions.inline import InlineCreate, StorageUnavailableError
+from api.transactions.inline import InlineCreate
 from api.transactions.issuer import SimulatedIssuer
 from api.transactions.pg_create import PgInline
+from api.transactions.pg_group import (
+    CREATE_MANY,
+    Answer,
+    GroupCommit,
+    answers,
+    columns,
+    create_args,
+)
 from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
 from loadtest._bench_env import (
@@ -82,215 +91,23 @@ CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 BODY = {"terminal_id": "T-0001", "amount": 1250, "currency": "BRL", "card": CARD}
 DECLINED = {**BODY, "card": {**CARD, "token": "tok_decline_do_not_honor"}}
 
-# pg_create.CREATE over arrays: $n is the array of CREATE's $n, one element per create (the
-# same 28 values in the same order, ``create_args``). ``k`` inserts the key rows sorted by
-# (merchant, key) — every batch takes the keys' unique-index entries in one order, so two
-# batches sharing keys wait for each other instead of deadlocking; ``w`` is the rows whose key
-# was inserted; the other inserts select from it, so a key that exists writes nothing. The
-# result has one row per create (``ord``: its place in the arrays): inserted or not, and the
-# key row as the statement's snapshot saw it (never our own insert), like CREATE's.
-CREATE_MANY = """
-WITH u AS (
-  SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::varchar[], $5::text[],
-    $6::timestamptz[], $7::varchar[], $8::varchar[], $9::varchar[], $10::varchar[],
-    $11::bigint[], $12::varchar[], $13::varchar[], $14::varchar[], $15::varchar[],
-    $16::varchar[], $17::int[], $18::timestamptz[], $19::timestamptz[], $20::text[],
-    $21::varchar[], $22::bigint[], $23::varchar[], $24::timestamptz[], $25::varchar[],
-    $26::varchar[], $27::text[], $28::boolean[])
-  WITH ORDINALITY AS u(merchant_id, key, fingerprint, terminal_id, response_body, created_at,
-    issuer_key, status, decline_reason, authorization_code, amount, currency, type,
-    card_last4, card_brand, card_fingerprint, installments, captured_at, processed_at,
-    metadata, entry_id, ledger_amount, kind, issued_at, event_id, event_type, payload,
-    offline, ord)
-), k AS (
-  INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token,
-    terminal_id, response_status, response_body, created_at, updated_at)
-  SELECT merchant_id, key, 'completed', fingerprint, 1, terminal_id, 201, response_body,
-    created_at, created_at
-  FROM u ORDER BY merchant_id, key
-  ON CONFLICT DO NOTHING RETURNING merchant_id, key
-), w AS (
-  SELECT u.* FROM u JOIN k ON k.merchant_id = u.merchant_id AND k.key = u.key
-), i AS (
-  INSERT INTO issuer_authorization (merchant_id, issuer_key, result, decline_reason,
-    authorization_code, amount, currency, calls, created_at)
-  SELECT merchant_id, issuer_key, status, decline_reason, authorization_code, amount,
-    currency, 1, issued_at FROM w
-), t AS (
-  INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,
-    card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,
-    captured_at, created_at, processed_at, metadata, offline)
-  SELECT merchant_id, key, terminal_id, type, amount, currency, card_last4, card_brand,
-    card_fingerprint, installments, status, decline_reason, authorization_code, captured_at,
-    created_at, processed_at, metadata, offline
-  FROM w
-  RETURNING merchant_id, id
-), l AS (
-  INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,
-    created_at)
-  SELECT w.entry_id, w.merchant_id, t.id, w.ledger_amount, w.currency, w.kind, w.processed_at
-  FROM w JOIN t ON t.merchant_id = w.merchant_id AND t.id = w.key
-  WHERE w.entry_id IS NOT NULL
-), o AS (
-  INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at)
-  SELECT w.event_id, w.merchant_id, w.event_type, t.id, w.payload, w.processed_at
-  FROM w JOIN t ON t.merchant_id = w.merchant_id AND t.id = w.key
-)
-SELECT u.ord, k.key IS NOT NULL, r.merchant_id, r.key, r.state, r.fingerprint, r.lease_token,
-  r.lease_until, r.request, r.response_status, r.response_body, r.terminal_id, r.created_at,
-  r.deadline_at
-FROM u
-LEFT JOIN k ON k.merchant_id = u.merchant_id AND k.key = u.key
-LEFT JOIN idempotency_key AS r ON r.merchant_id = u.merchant_id AND r.key = u.key
-"""
 UNSORTED = CREATE_MANY.replace("FROM u ORDER BY merchant_id, key", "FROM u")  # the control
 assert UNSORTED != CREATE_MANY
 
 WAL = "SELECT wal_sync, wal_write, wal_bytes::float8 FROM pg_stat_wal"
 
-Answer = KeyRecord | bool
 
+class Measured(GroupCommit):
+    """The server's batcher (``api.transactions.pg_group.GroupCommit``), recording the size
+    of every batch it sends (``sizes``)."""
 
-def create_args(rows: InlineCreate, issued_at: datetime) -> tuple[Any, ...]:
-    """``PgInline.create``'s 28 arguments of ``CREATE`` (the same values, the same order)."""
-    txn, ledger, event = rows.txn, rows.ledger or {}, rows.event
-    return (
-        txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id, rows.response_body,
-        txn.created_at, rows.issuer_key, txn.status, txn.decline_reason,
-        txn.authorization_code, txn.amount, txn.currency, txn.type, txn.card_last4,
-        txn.card_brand, txn.card_fingerprint, txn.installments, txn.captured_at,
-        txn.processed_at, txn.metadata_json, ledger.get("entry_id"),
-        ledger.get("amount"), ledger.get("kind"), issued_at, event["event_id"],
-        event["type"], event["payload"], txn.offline,
-    )  # fmt: skip
+    def __init__(self, pool: DriverPool, single: PgInline, writers: int, cap: int) -> None:
+        super().__init__(pool, single.create, writers=writers, cap=cap)
+        self.sizes: list[int] = []
 
-
-def columns(args: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
-    """One list per parameter of ``CREATE_MANY`` (the creates' arguments transposed)."""
-    return [list(column) for column in zip(*args, strict=True)]
-
-
-def answers(rows: Sequence[Any], size: int) -> list[Answer]:
-    """Each create's answer, in the arrays' order: True (written), its key row (nothing
-    written, the key exists), or False (nothing written, the key was committed after the
-    statement's snapshot: the caller reads it)."""
-    out: list[Answer] = [False] * size
-    for row in rows:
-        if row[1]:
-            out[row[0] - 1] = True
-        elif row[2] is not None:
-            out[row[0] - 1] = KeyRecord(*row[2:])
-    return out
-
-
-@dataclass
-class _Queued:
-    ident: tuple[str, str]
-    args: tuple[Any, ...]
-    rows: InlineCreate
-    future: asyncio.Future[Answer]
-
-
-@dataclass
-class GroupCommit:
-    """The queue and its K writers: each takes everything queued (at most ``cap``, one
-    create per key), sends it as one ``CREATE_MANY``, then answers each create."""
-
-    pool: DriverPool
-    single: PgInline  # the fallback: one statement per create
-    writers: int
-    cap: int = 64
-    batches: list[int] = field(default_factory=list)
-    fallbacks: int = 0
-    _pending: deque[_Queued] = field(default_factory=deque)
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _closing: bool = False
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def start(self) -> None:
-        self._closing = False
-        self._tasks = [asyncio.create_task(self._writer()) for _ in range(self.writers)]
-
-    async def stop(self) -> None:
-        """Finish what is queued, then end the writers."""
-        self._closing = True
-        self._wake.set()
-        await asyncio.gather(*self._tasks)
-        self._tasks = []
-
-    async def create(self, rows: InlineCreate) -> Answer:
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        ident = (rows.txn.merchant_id, rows.txn.id)
-        self._pending.append(_Queued(ident, create_args(rows, utcnow()), rows, future))
-        self._wake.set()
-        return await future
-
-    def _take(self) -> list[_Queued]:
-        batch: list[_Queued] = []
-        seen: set[tuple[str, str]] = set()
-        later: list[_Queued] = []
-        pending = self._pending
-        while pending and len(batch) < self.cap:
-            item = pending.popleft()
-            if item.ident in seen:
-                later.append(item)  # the same key twice: the next batch, after this commit
-                continue
-            seen.add(item.ident)
-            batch.append(item)
-        pending.extendleft(reversed(later))
-        return batch
-
-    async def _writer(self) -> None:
-        while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            await self._write(self._take())
-
-    async def _write(self, batch: list[_Queued]) -> None:
-        self.batches.append(len(batch))
-        pool = self.pool
-        try:
-            conn = await pool.acquire()
-        except Exception as exc:  # no connection in time, connect refused, pool closed
-            _fail(batch, StorageUnavailableError(type(exc).__name__))
-            return
-        try:
-            rows = await conn.fetch(CREATE_MANY, *columns([item.args for item in batch]))
-        except Exception as exc:
-            if storage_unavailable(exc):  # nothing acknowledged: 503 for every create
-                pool.discard(conn, outage=True)
-                _fail(batch, StorageUnavailableError(type(exc).__name__))
-                return
-            pool.release(conn)  # the whole statement rolled back: one statement per create
-            self.fallbacks += 1
-            await self._one_by_one(batch)
-            return
-        except BaseException:
-            pool.discard(conn, outage=False)
-            _fail(batch, StorageUnavailableError("cancelled"))
-            raise
-        pool.release(conn)
-        for item, answer in zip(batch, answers(rows, len(batch)), strict=True):
-            if not item.future.done():
-                item.future.set_result(answer)
-
-    async def _one_by_one(self, batch: list[_Queued]) -> None:
-        async def one(item: _Queued) -> None:
-            try:
-                result = await self.single.create(item.rows)
-            except Exception as exc:
-                if not item.future.done():
-                    item.future.set_exception(exc)
-                return
-            if not item.future.done():
-                assert not isinstance(result, DuplicateOf)  # no guard here
-                item.future.set_result(result)
-
-        await asyncio.gather(*(one(item) for item in batch))
+    async def _send(self, batch: list[Any]) -> None:
+        self.sizes.append(len(batch))
+        await super()._send(batch)
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -341,12 +158,6 @@ def single_writer(pool: DriverPool) -> PgInline:
         single = make(pool)
     single.citus = False
     return single
-
-
-def _fail(batch: list[_Queued], exc: BaseException) -> None:
-    for item in batch:
-        if not item.future.done():
-            item.future.set_exception(exc)
 
 
 @dataclass
@@ -420,14 +231,14 @@ class Bench:
         create: Callable[[InlineCreate], Awaitable[Answer]],
         seconds: float,
         admin: Any,
-        group: GroupCommit | None,
+        group: Measured | None,
     ) -> Segment:
         await admin.execute("ANALYZE")
         latencies: list[float] = []
         done = 0
         wal0 = await admin.fetchrow(WAL)
         if group is not None:
-            group.batches.clear()
+            group.sizes.clear()
         if self.waits is not None:
             self.waits.scenario = variant
         cpu0, proc0 = postgres_cpu(self.postmaster, self.database), time.process_time()
@@ -462,18 +273,17 @@ class Bench:
             harness_s=proc1 - proc0,
             wal_sync=(wal1[0] - wal0[0]) / done,
             wal_bytes=(wal1[2] - wal0[2]) / done,
-            batches=list(group.batches) if group is not None else [],
+            batches=list(group.sizes) if group is not None else [],
         )
 
     async def segment(self, variant: str, seconds: float, admin: Any) -> Segment:
         if variant == "A":
             return await self.drive(variant, self.one, seconds, admin, None)
-        group = GroupCommit(self.pool, self.single, int(variant[1:]), self.args.cap)
-        group.start()
+        group = Measured(self.pool, self.single, int(variant[1:]), self.args.cap)
         try:
             return await self.drive(variant, group.create, seconds, admin, group)
         finally:
-            await group.stop()
+            await group.close()
 
     async def run(self) -> None:
         admin = await asyncpg.connect(self.dsn)
@@ -599,20 +409,19 @@ class Bench:
 
         # 2. The same key twice at one moment (one writer): the second waits for the next
         # batch and is answered the first one's row.
-        group = GroupCommit(self.pool, self.single, 1, self.args.cap)
-        group.start()
+        group = Measured(self.pool, self.single, 1, self.args.cap)
         twin = self.rows()
         others = [self.rows() for _ in range(5)]
         results = await asyncio.gather(
             group.create(twin), *(group.create(r) for r in others), group.create(twin)
         )
-        await group.stop()
+        await group.close()
         assert results[0] is True and all(r is True for r in results[1:-1]), results
         assert isinstance(results[-1], KeyRecord), results[-1]
         assert results[-1].fingerprint == twin.fingerprint
-        assert group.batches == [6, 1], group.batches
+        assert group.sizes == [6, 1], group.sizes
         self.answered += 6
-        say(f"  a key twice: batches {group.batches}, the second answered the first's row")
+        say(f"  a key twice: batches {group.sizes}, the second answered the first's row")
 
         # 3. A batch statement error (an issuer record left for a new key, as a purged
         # tombstone's void leaves one): one statement per create, only that one refused.
@@ -623,13 +432,12 @@ class Bench:
             MERCHANT,
             stray.issuer_key,
         )
-        group = GroupCommit(self.pool, self.single, 1, self.args.cap)
-        group.start()
+        group = Measured(self.pool, self.single, 1, self.args.cap)
         others = [self.rows() for _ in range(3)]
         results = await asyncio.gather(
             *(group.create(r) for r in others[:2]), group.create(stray), group.create(others[2])
         )
-        await group.stop()
+        await group.close()
         assert results == [True, True, False, True], results
         assert group.fallbacks == 1, group.fallbacks
         assert (

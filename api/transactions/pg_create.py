@@ -13,6 +13,11 @@ saw it (never our own insert: a CTE's writes are invisible to the rest of the st
 a replay costs one round trip too; a duplicate that committed after the snapshot is not in
 it, and the caller reads the row afterwards.
 
+With ``IDEMPAY_PG_GROUP_COMMIT`` (on by default) an unguarded create is not sent alone:
+``GroupCommit`` (api/transactions/pg_group.py) queues it and writes the creates queued at one
+moment as one statement, ``CREATE_MANY`` (this CTE over arrays), answering each after that
+commit; a batch whose statement fails is sent again here, one statement per create.
+
 The key reads of the hot path (replay, lookup, abort, reversal) use the same pool: one
 prepared ``SELECT`` in autocommit, no BEGIN/ROLLBACK, no SQLAlchemy.
 
@@ -45,6 +50,7 @@ from api.transactions.inline import (
     StorageUnavailableError,
     StoredTransaction,
 )
+from api.transactions.pg_group import GroupCommit, create_args
 
 CREATE = """
 WITH k AS (
@@ -140,9 +146,16 @@ class PgInline:
     nothing and the general path writes instead: one transaction of statements, each routed
     to the merchant's shard."""
 
-    def __init__(self, pool: DriverPool, *, citus: bool) -> None:
+    def __init__(self, pool: DriverPool, *, citus: bool, group_commit: bool = False) -> None:
         self.pool = pool
         self.citus = citus
+        # ``IDEMPAY_PG_GROUP_COMMIT``: unguarded creates queued and written many to a
+        # statement (api/transactions/pg_group.py); a failed batch falls back to this path.
+        self.group = (
+            GroupCommit(pool, PgInline(pool, citus=False).create)
+            if group_commit and not citus
+            else None
+        )
 
     async def _call(self, method: str, statement: str, *args: Any) -> Any:
         pool = self.pool
@@ -169,17 +182,11 @@ class PgInline:
     ) -> KeyRecord | bool | DuplicateOf:
         if self.citus:
             return False  # nothing written: the general path answers (one shard per statement)
-        txn, ledger, event = rows.txn, rows.ledger or {}, rows.event
+        if guard is None and self.group is not None:
+            return await self.group.create(rows)  # many creates per statement (pg_group)
+        txn = rows.txn
         args: tuple[Any, ...]
-        statement, args = CREATE, (
-            txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id, rows.response_body,
-            txn.created_at, rows.issuer_key, txn.status, txn.decline_reason,
-            txn.authorization_code, txn.amount, txn.currency, txn.type, txn.card_last4,
-            txn.card_brand, txn.card_fingerprint, txn.installments, txn.captured_at,
-            txn.processed_at, txn.metadata_json, ledger.get("entry_id"),
-            ledger.get("amount"), ledger.get("kind"), utcnow(), event["event_id"],
-            event["type"], event["payload"], txn.offline,
-        )  # fmt: skip
+        statement, args = CREATE, create_args(rows, utcnow())
         if guard is not None:  # the duplicate guard's check, inside the same statement
             since, until = guard.bounds(txn.created_at)
             statement, args = CREATE_GUARDED, (*args, since, until, guard.lock, guard.allow)
@@ -223,5 +230,8 @@ class PgInline:
         return record, txn
 
     async def close(self) -> None:
-        """Close the pool's connections (the app's shutdown, after the last request)."""
+        """Finish the queued creates, then close the pool's connections (the app's
+        shutdown, after the last request)."""
+        if self.group is not None:
+            await self.group.close()
         await self.pool.close()

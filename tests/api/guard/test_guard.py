@@ -360,7 +360,8 @@ async def test_the_guard_off_costs_no_statement_and_on_costs_no_round_trip(
     app: FastAPI, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every write of a one-write create, recorded: off, the statement it always was (one
-    round trip); on, one statement still — the check is inside it."""
+    round trip; on Postgres with group commit, its batch's one statement); on, one statement
+    still — the check is inside it."""
     inline = app.state.ctx.service.inline
     seen: list[Any] = []
     if app.state.ctx.engine.dialect.name == "postgresql":
@@ -374,6 +375,17 @@ async def test_the_guard_off_costs_no_statement_and_on_costs_no_round_trip(
 
         monkeypatch.setattr(inline, "_call", call)
         plain, guarded_kind = pg_create.CREATE, pg_create.CREATE_GUARDED
+        if inline.group is not None:  # group commit: the unguarded create rides a batch
+            from api.transactions import pg_group
+
+            real_send = inline.group._send
+
+            async def send(batch: Any) -> None:
+                seen.append(pg_group.CREATE_MANY)  # one statement per batch
+                await real_send(batch)
+
+            monkeypatch.setattr(inline.group, "_send", send)
+            plain = pg_group.CREATE_MANY
     else:
         from api.transactions import sqlite_create
 

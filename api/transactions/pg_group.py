@@ -1,0 +1,320 @@
+"""Postgres group commit for the one-write create: many creates, one statement, one commit.
+
+``PgInline.create`` (api/transactions/pg_create.py) hands an unguarded create on plain
+Postgres to ``GroupCommit`` (``IDEMPAY_PG_GROUP_COMMIT``, on by default): the create is
+queued, and each of ``writers`` writer tasks, whenever it is free, takes everything queued
+(at most ``cap``; no timer) and sends it as ONE statement, ``CREATE_MANY`` — ``CREATE``'s
+CTE over ``unnest`` arrays — on a connection of the hot path's pool, in autocommit with
+``synchronous_commit`` on. Each create is answered from its row of the result only after
+that statement (its commit) returned: nothing is acknowledged before its commit is durable
+(contract §3.1). Measured (docs/benchmarks.md, "Group commit on Postgres"): one commit and
+WAL flush for a batch instead of one per create. Guarded creates (``CREATE_GUARDED``) and
+Citus keep one statement per create.
+
+Per create the answers are ``CREATE``'s: True (written), its key row (nothing written: the
+key exists, as the statement's snapshot saw it), or False (nothing written: a duplicate
+committed after the snapshot; the caller reads the key).
+
+- **Keys.** The key rows are inserted in (merchant, key) order, ``ON CONFLICT DO NOTHING``:
+  two batches sharing keys wait for each other in one order instead of deadlocking. A key
+  that exists writes nothing (every other insert selects from the inserted keys). A key
+  already in the batch being taken, or in a batch in flight, waits in the queue for the
+  next batch after that one's commit: it then finds the first one's row (a replay, or
+  409/410/422 by the usual rules of ``TransactionService.existing``) instead of parking
+  a batch on the first one's uncommitted row.
+- **A statement error** (not storage: a constraint, a deadlock, a serialization failure)
+  rolled the whole statement back — nothing of the batch is written — and each of its
+  creates is sent again on its own (``single``: today's one statement per create), so one
+  bad create fails alone.
+- **Storage** (``api.storage_errors.storage_unavailable``, no connection in
+  ``IDEMPAY_DB_TIMEOUT``): every create of the batch gets ``StorageUnavailableError`` (503,
+  nothing acknowledged) — also when the commit's outcome is unknown (a connection lost
+  mid-statement): a retry with the same key replays or writes, never twice.
+- **Head of line.** A key waiting on another transaction's uncommitted insert of it stalls
+  its batch until that commits; ``writers`` (2 by default, never more than the pool's
+  connections) lets the next batch go meanwhile.
+- **Cancellation.** The statement runs in the writer task, never in a caller's: a caller
+  cancelled (a client gone) drops only its own answer. A create whose caller gave up before
+  its batch was taken is not sent.
+- **Shutdown.** ``close`` lets the writers finish everything queued, then ends them (the
+  lifespan closes ``PgInline`` after the last request, before the pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from api.db import DriverPool, utcnow
+from api.idempotency.store import KeyRecord
+from api.storage_errors import storage_unavailable
+from api.transactions.guard import DuplicateOf
+from api.transactions.inline import InlineCreate, StorageUnavailableError
+
+# pg_create.CREATE over arrays: $n is the array of CREATE's $n, one element per create (the
+# same 28 values in the same order, ``create_args``). ``k`` inserts the key rows sorted by
+# (merchant, key) — every batch takes the keys' unique-index entries in one order, so two
+# batches sharing keys wait for each other instead of deadlocking; ``w`` is the rows whose key
+# was inserted; the other inserts select from it, so a key that exists writes nothing. The
+# result has one row per create (``ord``: its place in the arrays): inserted or not, and the
+# key row as the statement's snapshot saw it (never our own insert), like CREATE's.
+CREATE_MANY = """
+WITH u AS (
+  SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::varchar[], $5::text[],
+    $6::timestamptz[], $7::varchar[], $8::varchar[], $9::varchar[], $10::varchar[],
+    $11::bigint[], $12::varchar[], $13::varchar[], $14::varchar[], $15::varchar[],
+    $16::varchar[], $17::int[], $18::timestamptz[], $19::timestamptz[], $20::text[],
+    $21::varchar[], $22::bigint[], $23::varchar[], $24::timestamptz[], $25::varchar[],
+    $26::varchar[], $27::text[], $28::boolean[])
+  WITH ORDINALITY AS u(merchant_id, key, fingerprint, terminal_id, response_body, created_at,
+    issuer_key, status, decline_reason, authorization_code, amount, currency, type,
+    card_last4, card_brand, card_fingerprint, installments, captured_at, processed_at,
+    metadata, entry_id, ledger_amount, kind, issued_at, event_id, event_type, payload,
+    offline, ord)
+), k AS (
+  INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token,
+    terminal_id, response_status, response_body, created_at, updated_at)
+  SELECT merchant_id, key, 'completed', fingerprint, 1, terminal_id, 201, response_body,
+    created_at, created_at
+  FROM u ORDER BY merchant_id, key
+  ON CONFLICT DO NOTHING RETURNING merchant_id, key
+), w AS (
+  SELECT u.* FROM u JOIN k ON k.merchant_id = u.merchant_id AND k.key = u.key
+), i AS (
+  INSERT INTO issuer_authorization (merchant_id, issuer_key, result, decline_reason,
+    authorization_code, amount, currency, calls, created_at)
+  SELECT merchant_id, issuer_key, status, decline_reason, authorization_code, amount,
+    currency, 1, issued_at FROM w
+), t AS (
+  INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,
+    card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,
+    captured_at, created_at, processed_at, metadata, offline)
+  SELECT merchant_id, key, terminal_id, type, amount, currency, card_last4, card_brand,
+    card_fingerprint, installments, status, decline_reason, authorization_code, captured_at,
+    created_at, processed_at, metadata, offline
+  FROM w
+  RETURNING merchant_id, id
+), l AS (
+  INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,
+    created_at)
+  SELECT w.entry_id, w.merchant_id, t.id, w.ledger_amount, w.currency, w.kind, w.processed_at
+  FROM w JOIN t ON t.merchant_id = w.merchant_id AND t.id = w.key
+  WHERE w.entry_id IS NOT NULL
+), o AS (
+  INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at)
+  SELECT w.event_id, w.merchant_id, w.event_type, t.id, w.payload, w.processed_at
+  FROM w JOIN t ON t.merchant_id = w.merchant_id AND t.id = w.key
+)
+SELECT u.ord, k.key IS NOT NULL, r.merchant_id, r.key, r.state, r.fingerprint, r.lease_token,
+  r.lease_until, r.request, r.response_status, r.response_body, r.terminal_id, r.created_at,
+  r.deadline_at
+FROM u
+LEFT JOIN k ON k.merchant_id = u.merchant_id AND k.key = u.key
+LEFT JOIN idempotency_key AS r ON r.merchant_id = u.merchant_id AND r.key = u.key
+"""
+
+WRITERS = 2  # batches in flight at once (docs/benchmarks.md: 2 and 4 measured alike)
+CAP = 64  # creates per statement at most
+
+Answer = KeyRecord | bool
+Single = Callable[[InlineCreate], Awaitable[KeyRecord | bool | DuplicateOf]]
+
+
+def create_args(rows: InlineCreate, issued_at: datetime) -> tuple[Any, ...]:
+    """``CREATE``'s 28 arguments (``pg_create``), one create's element of ``CREATE_MANY``'s
+    arrays: the same values in the same order for both statements."""
+    txn, ledger, event = rows.txn, rows.ledger or {}, rows.event
+    return (
+        txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id, rows.response_body,
+        txn.created_at, rows.issuer_key, txn.status, txn.decline_reason,
+        txn.authorization_code, txn.amount, txn.currency, txn.type, txn.card_last4,
+        txn.card_brand, txn.card_fingerprint, txn.installments, txn.captured_at,
+        txn.processed_at, txn.metadata_json, ledger.get("entry_id"),
+        ledger.get("amount"), ledger.get("kind"), issued_at, event["event_id"],
+        event["type"], event["payload"], txn.offline,
+    )  # fmt: skip
+
+
+def columns(args: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
+    """One list per parameter of ``CREATE_MANY`` (the creates' arguments transposed)."""
+    return [list(column) for column in zip(*args, strict=True)]
+
+
+def answers(rows: Sequence[Any], size: int) -> list[Answer]:
+    """Each create's answer, in the arrays' order: True (written), its key row (nothing
+    written, the key exists), or False (nothing written, the key was committed after the
+    statement's snapshot: the caller reads it)."""
+    out: list[Answer] = [False] * size
+    for row in rows:
+        if row[1]:
+            out[row[0] - 1] = True
+        elif row[2] is not None:
+            out[row[0] - 1] = KeyRecord(*row[2:])
+    return out
+
+
+class _Queued:
+    __slots__ = ("ident", "args", "rows", "future")
+
+    def __init__(self, rows: InlineCreate, future: asyncio.Future[Answer]) -> None:
+        self.ident = (rows.txn.merchant_id, rows.txn.id)
+        self.args = create_args(rows, utcnow())
+        self.rows = rows
+        self.future = future
+
+
+class GroupCommit:
+    """The queue and its writers (module docstring). ``single``: one create in one statement
+    (``PgInline.create`` without group commit), for a batch whose statement failed and for a
+    create arriving after ``close`` began. ``batches``/``sent``/``fallbacks``: counters."""
+
+    def __init__(
+        self, pool: DriverPool, single: Single, *, writers: int = WRITERS, cap: int = CAP
+    ) -> None:
+        self.pool = pool
+        self.single = single
+        self.writers = max(1, min(writers, pool.size))
+        self.cap = cap
+        self.batches = 0  # statements sent
+        self.sent = 0  # creates sent in them
+        self.fallbacks = 0  # batches whose statement failed: sent again one by one
+        self._pending: deque[_Queued] = deque()
+        self._in_flight: set[tuple[str, str]] = set()  # keys of the batches being written
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    async def create(self, rows: InlineCreate) -> Answer:
+        if self._closing:  # shutting down: the one statement (a closed pool answers 503)
+            return await self._one(rows)
+        if len(self._tasks) < self.writers or any(task.done() for task in self._tasks):
+            self._start_writers()
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Queued(rows, future))
+        self._wake.set()
+        # Awaited bare: cancelling the caller cancels this future only, never the batch
+        # (the writer answers a cancelled future no more).
+        return await future
+
+    def _start_writers(self) -> None:
+        """On the first create (in the serving loop), and again should a writer have ended
+        (only a cancelled one ends before ``close``): the queue never lacks its writers."""
+        alive = [task for task in self._tasks if not task.done()]
+        while len(alive) < self.writers:
+            alive.append(asyncio.create_task(self._writer(), name="pg-group-commit"))
+        self._tasks = alive
+
+    async def close(self) -> None:
+        """Finish every create queued (the writers take batches until the queue is empty),
+        then end the writers. Anything left unanswered (``close`` itself cancelled) is 503."""
+        self._closing = True
+        self._wake.set()
+        try:
+            await asyncio.gather(*self._tasks)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            self._tasks = []
+            while self._pending:
+                _fail(self._pending.popleft(), "closed")
+
+    def _take(self) -> list[_Queued]:
+        batch: list[_Queued] = []
+        later: list[_Queued] = []
+        pending, in_flight = self._pending, self._in_flight
+        while pending and len(batch) < self.cap:
+            item = pending.popleft()
+            if item.future.done():
+                continue  # its caller gave up before it was sent: nothing written, no answer
+            if item.ident in in_flight:
+                later.append(item)  # the same key: the next batch, after this one's commit
+                continue
+            in_flight.add(item.ident)
+            batch.append(item)
+        pending.extendleft(reversed(later))
+        return batch
+
+    async def _writer(self) -> None:
+        wake = self._wake
+        while True:
+            batch = self._take()
+            if batch:
+                try:
+                    await self._write(batch)
+                finally:
+                    self._in_flight.difference_update(item.ident for item in batch)
+                    wake.set()  # a key held back for this batch may go now
+                continue
+            if self._closing and not self._pending:
+                return
+            wake.clear()  # no await since _take: nothing queued in between is missed
+            await wake.wait()
+
+    async def _write(self, batch: list[_Queued]) -> None:
+        """Send the batch; answer every create of it, whatever happens."""
+        try:
+            await self._send(batch)
+        except Exception as exc:  # a bug: each create fails with it (500), the writer lives
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+        except BaseException:  # the writer cancelled: the outcome is unknown, retry-safe
+            for item in batch:
+                _fail(item, "cancelled")
+            raise
+
+    async def _send(self, batch: list[_Queued]) -> None:
+        pool = self.pool
+        self.batches += 1
+        self.sent += len(batch)
+        try:
+            conn = await pool.acquire()
+        except Exception as exc:  # no connection in time, connect refused, pool closed
+            for item in batch:
+                _fail(item, type(exc).__name__)
+            return
+        try:
+            rows = await conn.fetch(CREATE_MANY, *columns([item.args for item in batch]))
+        except Exception as exc:
+            if storage_unavailable(exc):  # nothing acknowledged: 503 for every create
+                pool.discard(conn, outage=True)
+                for item in batch:
+                    _fail(item, type(exc).__name__)
+                return
+            pool.release(conn)  # the whole statement rolled back: one statement per create
+            self.fallbacks += 1
+            await asyncio.gather(*(self._answer_one(item) for item in batch))
+            return
+        except BaseException:
+            pool.discard(conn, outage=False)  # cut short mid-statement: not reusable
+            raise
+        pool.release(conn)  # autocommit: committed (durable) when ``fetch`` returned
+        for item, answer in zip(batch, answers(rows, len(batch)), strict=True):
+            if not item.future.done():
+                item.future.set_result(answer)
+
+    async def _one(self, rows: InlineCreate) -> Answer:
+        result = await self.single(rows)
+        if isinstance(result, DuplicateOf):  # pragma: no cover - no guard, no DuplicateOf
+            raise AssertionError("an unguarded create answered DuplicateOf")
+        return result
+
+    async def _answer_one(self, item: _Queued) -> None:
+        if item.future.done():
+            return  # its caller is gone: not sent again
+        try:
+            result = await self._one(item.rows)
+        except Exception as exc:
+            if not item.future.done():
+                item.future.set_exception(exc)
+            return
+        if not item.future.done():
+            item.future.set_result(result)
+
+
+def _fail(item: _Queued, why: str) -> None:
+    if not item.future.done():  # one exception per create: each caller raises its own
+        item.future.set_exception(StorageUnavailableError(why))
