@@ -21,6 +21,10 @@ does not answer. The terminal gives up and its abort reaches the new replica:
 * ``IDEMPAY_LEASE_SECONDS=5`` (a legal setting) and a long deadline: the completer re-drives
   the key after the lease, inserts a new record (calls 1) beside the old one — a second
   authorization at the issuer for one payment.
+* default settings, the 202 path: the old replica's issuer call does not answer within the
+  issuer timeout, it answers 202 and hands its lease over at once (``_hand_over``); the new
+  replica's completer re-drives 5–6 s after the '' record was written — a second
+  authorization at the issuer (the lease never protected this path).
 * a reversal (any settings): the old replica approved the payment, the customer's reversal
   reaches the new replica a moment later; the transaction is reversed, the issuer's
   approval is never voided.
@@ -232,3 +236,58 @@ def test_a_reversal_voids_the_approval_an_old_replica_recorded_just_after_the_lo
     rows = issuer_rows(backend, merchant, key)
     standing = [r for r in rows if r[1] == "approved" and not r[3]]
     assert standing == [], f"a reversed payment's authorization left standing: {rows}"
+
+
+def old_replica_hands_over(backend: Backend, merchant_id: str, key: str) -> None:
+    """The old replica's 202: its issuer call did not answer within the issuer timeout, so it
+    expires its lease now (``TransactionService._hand_over``, unchanged since the foundation)
+    for the completer fleet — a new replica's among it — to re-drive the key."""
+
+    async def release() -> None:
+        engine = create_engine(backend.settings)
+        try:
+            async with atomic(engine) as conn:
+                await store.release(conn, merchant_id=merchant_id, key=key, token=1, until=utcnow())
+        finally:
+            await engine.dispose()
+
+    asyncio.run(release())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review s6: default timings — an old replica's 202 hands its key over 5 s after"
+    " recording its '' authorization; the new replica's completer re-drives it within the"
+    " issuer's 10 s look and authorizes the payment a second time",
+)
+def test_a_key_an_old_replica_answered_202_is_never_authorized_twice(backend: Backend) -> None:
+    """No short lease needed: the 202 path releases the lease at once, so the re-drive comes
+    issuer timeout (5 s) + one completer tick (1 s) after the old replica's record — inside
+    the 10 s the issuer believes "no '' record is stored"."""
+    server = backend.server(
+        IDEMPAY_ISSUER_TIMEOUT="5",
+        IDEMPAY_LEASE_SECONDS="15",
+        IDEMPAY_ISSUER_DEADLINE="60",
+        IDEMPAY_COMPLETER_INTERVAL="1",
+    )
+    api = Api(server.url, backend.api_key("review-s6"))
+    merchant = merchant_id_of(backend, "review-s6")
+    first_look(api)
+
+    key = str(uuid.uuid4())
+    old_replica_claims(backend, merchant, key, lease_s=15.0)
+    time.sleep(5.0)  # the old replica's issuer timeout: it answers 202 and hands over
+    old_replica_hands_over(backend, merchant, key)
+
+    def state() -> str:
+        return str(
+            backend.sql(
+                "SELECT state FROM idempotency_key WHERE merchant_id = :m AND key = :k",
+                m=merchant,
+                k=key,
+            )[0][0]
+        )
+
+    eventually(state, what="the key re-driven to completion", until="completed".__eq__, timeout=40)
+    rows = issuer_rows(backend, merchant, key)
+    assert len(rows) == 1, f"the issuer authorized one payment twice: {rows}"
