@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import math
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -81,12 +79,6 @@ ADOPT = text(
     " AND NOT EXISTS (SELECT 1 FROM issuer_authorization WHERE merchant_id = :m"
     " AND issuer_key = :k)"
 )
-# Whether any legacy record is stored at all: one probe of the key's leading column.
-LEGACY_STORED = text("SELECT EXISTS (SELECT 1 FROM issuer_authorization WHERE merchant_id = '')")
-# How long "no legacy record is stored" is believed before it is asked again (see _adopt):
-# one probe per 10 s costs nothing next to an UPDATE per authorize, and stays under the
-# default 15 s lease, after which an old replica's key is re-driven elsewhere.
-LEGACY_RECHECK_S = 10.0
 
 
 def derive_issuer_key(secret: str, merchant_id: str, key: str) -> str:
@@ -105,23 +97,12 @@ def _decide(issuer_key: str, card_token: str) -> Authorization:
 
 class SimulatedIssuer:
     """``citus``: the database has Citus (the app's start-up probe, ``api.main``); there no
-    legacy record is ever adopted. ``legacy_recheck_s``: how often ``_adopt`` asks again
-    whether any legacy record is stored."""
+    legacy record is ever adopted."""
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        *,
-        slow_seconds: float,
-        citus: bool = False,
-        legacy_recheck_s: float = LEGACY_RECHECK_S,
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, *, slow_seconds: float, citus: bool = False) -> None:
         self._engine = engine
         self._slow_seconds = slow_seconds
         self._citus = citus
-        self._legacy_recheck_s = legacy_recheck_s
-        self._legacy_stored = False  # the last answer of LEGACY_STORED …
-        self._legacy_due = -math.inf  # … and when (time.monotonic) it is asked again
 
     def answers_inline(self, card_token: str) -> bool:
         return card_token not in SLOW_TOKENS
@@ -263,27 +244,13 @@ class SimulatedIssuer:
         void cancels it too. Never on Citus (False): its hot path stays single-shard, and no
         code before 7c2ea99 served a Citus database.
 
-        Only while a ``''`` record is stored at all (``_legacy_may_be_stored``): on a database
-        no older replica wrote to since 0012 ran, none is, and the statement is not sent. A
-        ``''`` record nothing adopts (0012 keeps those of purged keys; an older replica's
-        whose key is never re-driven nor voided) keeps the adoption on while it is stored."""
-        if not merchant_id or not await self._legacy_may_be_stored(conn):
+        Sent on every call, not only while a ``''`` record is known to be stored: a cached
+        "none stored" let an older replica's record written just after the look be missed —
+        an abort that left the approval standing, a re-drive that authorized twice, a
+        reversal that voided nothing (review s6, tests/api/review_s6). The UPDATE runs on the
+        general path only (the one-write create never calls it) and can go one release after
+        every replica runs 0012's code (docs/operations.md)."""
+        if not merchant_id or self._citus:
             return False
         await conn.execute(ADOPT, {"m": merchant_id, "k": issuer_key})
         return True
-
-    async def _legacy_may_be_stored(self, conn: AsyncConnection) -> bool:
-        """Whether any ``''`` record is stored, asked on first use and again at most every
-        ``legacy_recheck_s`` (one index probe, in the caller's transaction). An older replica
-        still serving during a rolling upgrade may write one after an answer of "none": it is
-        adopted from the next look on, ``legacy_recheck_s`` later at most — a re-drive or a
-        void of its key on this process before that look misses it, as before 0012. The
-        answer is kept only once the statement succeeded: a failed look is asked again by
-        the next call."""
-        if self._citus:
-            return False
-        now = time.monotonic()
-        if now >= self._legacy_due:
-            self._legacy_stored = bool(await conn.scalar(LEGACY_STORED))
-            self._legacy_due = now + self._legacy_recheck_s
-        return self._legacy_stored

@@ -279,16 +279,15 @@ def test_0012_on_many_keys_moves_only_what_a_key_names(fresh: Backend) -> None:
 
 
 @pytest.mark.parametrize("deadline", [60.0, 3600.0], ids=["fenced", "re_driven"])
-def test_an_old_record_written_after_the_first_look_is_adopted_at_the_next(
+def test_an_old_record_written_after_the_process_started_is_adopted_at_once(
     fresh: Backend, deadline: float
 ) -> None:
-    """The adoption runs only while a '' record is stored (``SimulatedIssuer._adopt``): a
-    process that looked and found none sends no adoption, yet a '' record an old replica
-    writes afterwards is adopted once the look is due again (``legacy_recheck_s``, short
-    here) — voided with its key when fenced, answered again when re-driven."""
+    """A '' record an old replica writes while this process already runs (the rolling
+    upgrade's window) is adopted by the very next re-drive or void of its key — no cached
+    "none stored" may skip it (review s6) — voided with its key when fenced, answered
+    again when re-driven."""
     migrate(fresh.settings)
     first = in_flight_key(fresh, deadline=deadline)
-    recheck = 0.5
     adopts: list[str] = []
 
     async def run() -> str:
@@ -301,20 +300,19 @@ def test_an_old_record_written_after_the_first_look_is_adopted_at_the_next(
                 adopts.append(statement)
 
         try:
-            issuer = SimulatedIssuer(engine, slow_seconds=0, legacy_recheck_s=recheck)
+            issuer = SimulatedIssuer(engine, slow_seconds=0)
             completer = Completer(TransactionService(engine, issuer, settings), interval=0.05)
-            assert await completer.run_once() == 1  # the first look: no '' record stored …
-            assert adopts == []  # … so no adoption is sent
+            assert await completer.run_once() == 1  # the process at work: no '' record yet
             key = await asyncio.to_thread(in_flight_key, fresh, deadline=deadline)
             await asyncio.to_thread(old_issuer_record, fresh, key)  # an old replica's record
-            await asyncio.sleep(recheck)
+            await asyncio.sleep(0.5)  # `first`'s re-drive backoff (the completer's), not a look
             await completer.run_once()  # the key (and, re-driven, `first` once more)
             return key
         finally:
             await engine.dispose()
 
     key = asyncio.run(run())
-    assert adopts  # the next look found the '' record
+    assert adopts  # the adoption was sent
     if deadline == 60.0:
         assert state(fresh, key) == "aborted"
         assert issuer_rows(fresh, key) == [(MERCHANT, "voided", 1)]
