@@ -32,6 +32,7 @@ from api.logs import configure_logging
 from api.migrate import has_citus
 from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
+from api.storage_errors import misconfigured
 from api.transactions.http import MAX_BODY_BYTES
 from api.transactions.inline import InlineWriter
 from api.transactions.issuer import SimulatedIssuer
@@ -116,14 +117,17 @@ def inline_writer(settings: Settings, *, citus: bool) -> InlineWriter | None:
 # How long a starting worker waits for its database to answer the Citus probe. The deployed
 # API starts with --no-migrate, so nothing before it has waited: a replica (re)started while
 # Postgres is down or failing over waits here, logging, instead of failing its start at once.
-STARTUP_WAIT_SECONDS = 60.0
+# Under the Kubernetes startupProbe's 60 s (deploy/k8s/base/api-deployment.yaml), so the
+# worker itself reports the failure.
+STARTUP_WAIT_SECONDS = 45.0
 
 
 async def database_has_citus(engine: AsyncEngine, *, wait: float = STARTUP_WAIT_SECONDS) -> bool:
     """The process's one Citus probe (``pg_extension``), asked by ``build_context``: the
     answer never changes while the database runs. SQLite: False, without a query. A database
     that does not answer is asked again (0.25 s, doubling to 4 s) for up to ``wait`` seconds;
-    then the last error is raised and the start fails."""
+    then the last error is raised and the start fails. Bad credentials or a database that
+    does not exist fail at once (``misconfigured``): waiting would not help."""
     if engine.dialect.name != "postgresql":
         return False
     deadline = asyncio.get_running_loop().time() + wait
@@ -134,7 +138,7 @@ async def database_has_citus(engine: AsyncEngine, *, wait: float = STARTUP_WAIT_
                 return await conn.run_sync(has_citus)
         except Exception as exc:
             left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
+            if left <= 0 or misconfigured(exc):
                 raise
             log.warning("database_unavailable_at_start", error=type(exc).__name__, retry_s=pause)
             await asyncio.sleep(min(pause, left))

@@ -21,6 +21,16 @@ def storage_unavailable(exc: BaseException) -> bool:
     return _sqlstate(exc).startswith(UNAVAILABLE_SQLSTATES)
 
 
+def misconfigured(exc: BaseException) -> bool:
+    """True for a connection refused for good rather than for now: bad credentials
+    (SQLSTATE class 28) or a database that does not exist (3D000). Waiting will not help."""
+    orig = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+    return _sqlstate(orig).startswith(MISCONFIGURED_SQLSTATES)
+
+
+MISCONFIGURED_SQLSTATES = ("28", "3D")
+
+
 # Connection exception, insufficient resources, operator intervention (shutdown, crash,
 # cannot connect now), and a read-only transaction: the node we reach was demoted (failover).
 UNAVAILABLE_SQLSTATES = ("08", "53", "57", "25006")

@@ -60,3 +60,17 @@ async def test_a_database_that_never_comes_fails_the_start(pg_backend: Backend) 
             await database_has_citus(engine, wait=0.6)
     finally:
         await engine.dispose()
+
+
+async def test_a_database_that_does_not_exist_fails_the_start_at_once(
+    pg_backend: Backend,
+) -> None:
+    url = pg_backend.url.rsplit("/", 1)[0] + "/idempay_no_such_database"
+    engine = create_engine(Settings(database_url=url, db_pool_size=2))
+    started = asyncio.get_running_loop().time()
+    try:
+        with pytest.raises(Exception, match="does not exist"):
+            await database_has_citus(engine, wait=30.0)
+    finally:
+        await engine.dispose()
+    assert asyncio.get_running_loop().time() - started < 10.0  # not after the 30 s wait

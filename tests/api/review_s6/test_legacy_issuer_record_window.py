@@ -1,4 +1,6 @@
 """Review s6, finding 1: the issuer's legacy-record adoption gated by a cached look (3789935).
+Each test failed on that code and passes since 4c454d8, which sends the adoption on every
+call again (the tests now guard against the gate's return).
 
 ``SimulatedIssuer._adopt`` sends its adoption (and a void its second UPDATE for a ``''``
 record beside the merchant's) only while its last ``SELECT EXISTS (... merchant_id = '')``
@@ -133,11 +135,6 @@ def first_look(api: Api) -> float:
     return looked
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s6: a terminal's abort within 10 s of the issuer's look misses an old"
-    " replica's '' authorization: the key is fenced 'aborted' and the approval never voided",
-)
 def test_an_abort_voids_the_authorization_an_old_replica_recorded_just_after_the_look(
     backend: Backend,
 ) -> None:
@@ -165,11 +162,6 @@ def test_an_abort_voids_the_authorization_an_old_replica_recorded_just_after_the
     assert standing == [], f"an authorization left standing under an aborted key: {rows}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s6: with a lease under 10 s, a re-drive within the issuer's look window"
-    " misses an old replica's '' record and authorizes the payment a second time",
-)
 def test_a_re_drive_never_authorizes_twice_with_a_short_lease(backend: Backend) -> None:
     server = backend.server(
         IDEMPAY_ISSUER_TIMEOUT="1.5",
@@ -201,11 +193,6 @@ def test_a_re_drive_never_authorizes_twice_with_a_short_lease(backend: Backend) 
     assert len(rows) == 1, f"the issuer authorized one payment twice: {rows}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s6: a reversal within 10 s of the issuer's look misses an old replica's ''"
-    " approval: the transaction says reversed, the authorization is never voided",
-)
 def test_a_reversal_voids_the_approval_an_old_replica_recorded_just_after_the_look(
     backend: Backend,
 ) -> None:
@@ -254,12 +241,6 @@ def old_replica_hands_over(backend: Backend, merchant_id: str, key: str) -> None
     asyncio.run(release())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s6: default timings — an old replica's 202 hands its key over 5 s after"
-    " recording its '' authorization; the new replica's completer re-drives it within the"
-    " issuer's 10 s look and authorizes the payment a second time",
-)
 def test_a_key_an_old_replica_answered_202_is_never_authorized_twice(backend: Backend) -> None:
     """No short lease needed: the 202 path releases the lease at once, so the re-drive comes
     issuer timeout (5 s) + one completer tick (1 s) after the old replica's record — inside
