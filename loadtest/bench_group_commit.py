@@ -68,6 +68,7 @@ from api.transactions.issuer import SimulatedIssuer
 from api.transactions.pg_create import PgInline
 from api.transactions.pg_group import (
     CREATE_MANY,
+    LOCK_WAIT,
     Answer,
     GroupCommit,
     answers,
@@ -91,7 +92,9 @@ CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 BODY = {"terminal_id": "T-0001", "amount": 1250, "currency": "BRL", "card": CARD}
 DECLINED = {**BODY, "card": {**CARD, "token": "tok_decline_do_not_honor"}}
 
-UNSORTED = CREATE_MANY.replace("FROM u ORDER BY merchant_id, key", "FROM u")  # the control
+UNSORTED = CREATE_MANY.replace(  # the control
+    "FROM u CROSS JOIN lw ORDER BY merchant_id, key", "FROM u CROSS JOIN lw"
+)
 assert UNSORTED != CREATE_MANY
 
 WAL = "SELECT wal_sync, wal_write, wal_bytes::float8 FROM pg_stat_wal"
@@ -384,6 +387,7 @@ class Bench:
             rows = await conn.fetch(
                 CREATE_MANY,
                 *columns([create_args(r, utcnow()) for r in (fresh[0], again, fresh[1])]),
+                LOCK_WAIT,
             )
         finally:
             self.pool.release(conn)
@@ -467,8 +471,8 @@ class Bench:
                 conns = [await self.pool.acquire(), await self.pool.acquire()]
                 try:
                     outcome = await asyncio.gather(
-                        conns[0].fetch(statement, *columns(ahead)),
-                        conns[1].fetch(statement, *columns(behind)),
+                        conns[0].fetch(statement, *columns(ahead), "10s"),  # deadlocks seen
+                        conns[1].fetch(statement, *columns(behind), "10s"),
                         return_exceptions=True,
                     )
                 finally:

@@ -32,7 +32,9 @@ committed after the snapshot; the caller reads the key).
   mid-statement): a retry with the same key replays or writes, never twice.
 - **Head of line.** A key waiting on another transaction's uncommitted insert of it stalls
   its batch until that commits; ``writers`` (2 by default, never more than the pool's
-  connections) lets the next batch go meanwhile.
+  connections) lets the next batch go meanwhile, and past ``lock_wait`` (500 ms) the batch
+  gives up (``lock_timeout``, a statement error): one statement per create, so only the
+  contended key keeps waiting.
 - **Cancellation.** The statement runs in the writer task, never in a caller's: a caller
   cancelled (a client gone) drops only its own answer. A create whose caller gave up before
   its batch was taken is not sent.
@@ -60,7 +62,9 @@ from api.transactions.inline import InlineCreate, StorageUnavailableError
 # batches sharing keys wait for each other instead of deadlocking; ``w`` is the rows whose key
 # was inserted; the other inserts select from it, so a key that exists writes nothing. The
 # result has one row per create (``ord``: its place in the arrays): inserted or not, and the
-# key row as the statement's snapshot saw it (never our own insert), like CREATE's.
+# key row as the statement's snapshot saw it (never our own insert), like CREATE's. ``lw``
+# ($29, evaluated before the first key is inserted) bounds this statement's lock waits
+# (``lock_timeout``, for this statement's transaction only): ``GroupCommit.lock_wait``.
 CREATE_MANY = """
 WITH u AS (
   SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::varchar[], $5::text[],
@@ -74,12 +78,14 @@ WITH u AS (
     card_last4, card_brand, card_fingerprint, installments, captured_at, processed_at,
     metadata, entry_id, ledger_amount, kind, issued_at, event_id, event_type, payload,
     offline, ord)
+), lw AS (
+  SELECT set_config('lock_timeout', $29, true)
 ), k AS (
   INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token,
     terminal_id, response_status, response_body, created_at, updated_at)
   SELECT merchant_id, key, 'completed', fingerprint, 1, terminal_id, 201, response_body,
     created_at, created_at
-  FROM u ORDER BY merchant_id, key
+  FROM u CROSS JOIN lw ORDER BY merchant_id, key
   ON CONFLICT DO NOTHING RETURNING merchant_id, key
 ), w AS (
   SELECT u.* FROM u JOIN k ON k.merchant_id = u.merchant_id AND k.key = u.key
@@ -122,6 +128,12 @@ LEFT JOIN idempotency_key AS r ON r.merchant_id = u.merchant_id AND r.key = u.ke
 # Postgres CPU per create x0.44 / x0.45 / x0.60 (4: smaller batches, more commits).
 WRITERS = 2
 CAP = 64  # creates per statement at most
+# How long a batch waits on another transaction's row of one of its keys before giving up
+# (SQLSTATE 55P03, a statement error: rolled back whole, then one statement per create — the
+# other creates are written at once and only that key waits, as it would alone). Batches of
+# other workers sharing a key commit in milliseconds; a longer wait is a stuck transaction,
+# which would otherwise hold up to ``CAP`` unrelated creates until ``command_timeout`` (503).
+LOCK_WAIT = "500ms"
 
 Answer = KeyRecord | bool
 Single = Callable[[InlineCreate], Awaitable[KeyRecord | bool | DuplicateOf]]
@@ -182,6 +194,7 @@ class GroupCommit:
         self.single = single
         self.writers = max(1, min(writers, pool.size))
         self.cap = cap
+        self.lock_wait = LOCK_WAIT  # Postgres ``lock_timeout`` text for each batch statement
         self.batches = 0  # statements sent
         self.sent = 0  # creates sent in them
         self.fallbacks = 0  # batches whose statement failed: sent again one by one
@@ -281,7 +294,9 @@ class GroupCommit:
                 _fail(item, type(exc).__name__)
             return
         try:
-            rows = await conn.fetch(CREATE_MANY, *columns([item.args for item in batch]))
+            rows = await conn.fetch(
+                CREATE_MANY, *columns([item.args for item in batch]), self.lock_wait
+            )
         except Exception as exc:
             if storage_unavailable(exc):  # nothing acknowledged: 503 for every create
                 pool.discard(conn, outage=True)

@@ -75,10 +75,13 @@ def _pool(ctx: AppContext) -> DriverPool:
     return writer.pool
 
 
-def _group(ctx: AppContext, writers: int) -> GroupCommit:
-    """A batcher of our own on the context's pool (its writer count fixed for the test)."""
+def _group(ctx: AppContext, writers: int, lock_wait: str = "60s") -> GroupCommit:
+    """A batcher of our own on the context's pool (its writer count fixed for the test). A
+    batch parks on a held key for the test's whole hold (not the server's 500 ms)."""
     pool = _pool(ctx)
-    return GroupCommit(pool, PgInline(pool, citus=False).create, writers=writers)
+    group = GroupCommit(pool, PgInline(pool, citus=False).create, writers=writers)
+    group.lock_wait = lock_wait
+    return group
 
 
 def _request(**overrides: object) -> tuple[TransactionCreate, str]:
@@ -265,6 +268,49 @@ async def test_a_key_committed_by_another_transaction_while_the_batch_waited(
     assert await _written(admin, b) == (1, 0, 0, 0, 0)  # only the other transaction's key row
 
 
+async def test_a_batch_parked_past_its_lock_wait_is_sent_again_one_by_one(
+    ctx: AppContext, admin: Any, holder: Any
+) -> None:
+    """A key held by a stuck transaction does not hold up the creates batched with it: past
+    ``lock_wait`` the batch (rolled back whole) falls back to one statement per create; the
+    unrelated create is written at once, only the held key keeps waiting."""
+    group = _group(ctx, writers=1, lock_wait="200ms")
+    held, unrelated = _rows(ctx), _rows(ctx)
+    holding = await _hold_key(holder, MERCHANT, held.txn.id)
+    try:
+        waiting = asyncio.ensure_future(group.create(held))
+        assert await asyncio.wait_for(group.create(unrelated), timeout=5) is True
+        assert (group.batches, group.fallbacks) == (1, 1)
+        assert await _written(admin, unrelated) == _whole(unrelated)
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # its own statement waits on the holder, as it would alone
+    finally:
+        await holding.rollback()
+    assert await waiting is True
+    await group.close()
+    assert await _written(admin, held) == _whole(held)
+
+
+async def test_the_lock_wait_ends_with_its_statement(ctx: AppContext) -> None:
+    """``lock_timeout`` is set for the batch statement's own transaction only: the connection
+    goes back to the pool with the server's setting (a single create's wait is unbounded)."""
+    pool = _pool(ctx)
+    conn = await pool.acquire()
+    try:
+        default = await conn.fetchval("SHOW lock_timeout")
+    finally:
+        pool.release(conn)
+    group = _group(ctx, writers=1, lock_wait="123ms")
+    assert await group.create(_rows(ctx)) is True
+    await group.close()
+    conns = [await pool.acquire() for _ in range(pool.open)]  # the batch's among them
+    try:
+        assert {await c.fetchval("SHOW lock_timeout") for c in conns} == {default}
+    finally:
+        for c in conns:
+            pool.release(c)
+
+
 async def test_an_existing_key_in_a_batch_answers_its_row_and_writes_nothing(
     ctx: AppContext, admin: Any
 ) -> None:
@@ -423,6 +469,7 @@ async def test_close_drains_the_queue_before_the_pool_closes(
     pool = DriverPool(ctx.settings.resolved_database_url, 2, timeout=5)
     writer = PgInline(pool, citus=False, group_commit=True)
     assert writer.group is not None
+    writer.group.lock_wait = "60s"
     rows = [_rows(ctx) for _ in range(6)]
     holding = await _hold_key(holder, MERCHANT, rows[1].txn.id)
     try:
