@@ -22,10 +22,11 @@ committed after the snapshot; the caller reads the key).
   next batch after that one's commit: it then finds the first one's row (a replay, or
   409/410/422 by the usual rules of ``TransactionService.existing``) instead of parking
   a batch on the first one's uncommitted row.
-- **A statement error** (not storage: a constraint, a deadlock, a serialization failure)
-  rolled the whole statement back — nothing of the batch is written — and each of its
-  creates is sent again on its own (``single``: today's one statement per create), so one
-  bad create fails alone.
+- **A statement error** (not storage: a constraint, a deadlock, a serialization failure,
+  the lock wait below) rolled the whole statement back — nothing of the batch is written —
+  and each of its creates is sent again on its own (``single``: today's one statement per
+  create, in a task of its own, so the writer goes on to the next batch), so one bad or
+  stuck create fails or waits alone.
 - **Storage** (``api.storage_errors.storage_unavailable``, no connection in
   ``IDEMPAY_DB_TIMEOUT``): every create of the batch gets ``StorageUnavailableError`` (503,
   nothing acknowledged) — also when the commit's outcome is unknown (a connection lost
@@ -173,13 +174,14 @@ def answers(rows: Sequence[Any], size: int) -> list[Answer]:
 
 
 class _Queued:
-    __slots__ = ("ident", "args", "rows", "future")
+    __slots__ = ("ident", "args", "rows", "future", "alone")
 
     def __init__(self, rows: InlineCreate, future: asyncio.Future[Answer]) -> None:
         self.ident = (rows.txn.merchant_id, rows.txn.id)
         self.args = create_args(rows, utcnow())
         self.rows = rows
         self.future = future
+        self.alone = False  # sent again on its own (its batch failed): it holds its key
 
 
 class GroupCommit:
@@ -202,6 +204,7 @@ class GroupCommit:
         self._in_flight: set[tuple[str, str]] = set()  # keys of the batches being written
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._alone: set[asyncio.Task[None]] = set()  # a failed batch's creates, one each
         self._closing = False
 
     async def create(self, rows: InlineCreate) -> Answer:
@@ -231,8 +234,10 @@ class GroupCommit:
         self._wake.set()
         try:
             await asyncio.gather(*self._tasks)
+            while self._alone:
+                await asyncio.gather(*self._alone)
         finally:
-            for task in self._tasks:
+            for task in (*self._tasks, *self._alone):
                 task.cancel()
             self._tasks = []
             while self._pending:
@@ -262,7 +267,9 @@ class GroupCommit:
                 try:
                     await self._write(batch)
                 finally:
-                    self._in_flight.difference_update(item.ident for item in batch)
+                    self._in_flight.difference_update(
+                        item.ident for item in batch if not item.alone
+                    )
                     wake.set()  # a key held back for this batch may go now
                 continue
             if self._closing and not self._pending:
@@ -305,7 +312,14 @@ class GroupCommit:
                 return
             pool.release(conn)  # the whole statement rolled back: one statement per create
             self.fallbacks += 1
-            await asyncio.gather(*(self._answer_one(item) for item in batch))
+            # Not awaited here: a create whose own statement waits (a stuck holder of its
+            # key) must not keep this writer from the next batch. Each holds its key until
+            # answered; ``close`` waits for them.
+            for item in batch:
+                item.alone = True
+                task = asyncio.create_task(self._answer_one(item))
+                self._alone.add(task)
+                task.add_done_callback(self._alone.discard)
             return
         except BaseException:
             pool.discard(conn, outage=False)  # cut short mid-statement: not reusable
@@ -322,16 +336,23 @@ class GroupCommit:
         return result
 
     async def _answer_one(self, item: _Queued) -> None:
-        if item.future.done():
-            return  # its caller is gone: not sent again
         try:
-            result = await self._one(item.rows)
-        except Exception as exc:
+            if item.future.done():
+                return  # its caller is gone: not sent again
+            try:
+                result = await self._one(item.rows)
+            except Exception as exc:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+                return
+            except BaseException:  # cancelled (a cancelled close): outcome unknown, 503
+                _fail(item, "cancelled")
+                raise
             if not item.future.done():
-                item.future.set_exception(exc)
-            return
-        if not item.future.done():
-            item.future.set_result(result)
+                item.future.set_result(result)
+        finally:
+            self._in_flight.discard(item.ident)
+            self._wake.set()  # a later attempt of this key may go now
 
 
 def _fail(item: _Queued, why: str) -> None:

@@ -273,7 +273,8 @@ async def test_a_batch_parked_past_its_lock_wait_is_sent_again_one_by_one(
 ) -> None:
     """A key held by a stuck transaction does not hold up the creates batched with it: past
     ``lock_wait`` the batch (rolled back whole) falls back to one statement per create; the
-    unrelated create is written at once, only the held key keeps waiting."""
+    unrelated create is written at once, only the held key keeps waiting, and the writer goes
+    on with the next batch meanwhile."""
     group = _group(ctx, writers=1, lock_wait="200ms")
     held, unrelated = _rows(ctx), _rows(ctx)
     holding = await _hold_key(holder, MERCHANT, held.txn.id)
@@ -282,6 +283,8 @@ async def test_a_batch_parked_past_its_lock_wait_is_sent_again_one_by_one(
         assert await asyncio.wait_for(group.create(unrelated), timeout=5) is True
         assert (group.batches, group.fallbacks) == (1, 1)
         assert await _written(admin, unrelated) == _whole(unrelated)
+        later = _rows(ctx)  # the one writer is not held by the waiting create: next batch
+        assert await asyncio.wait_for(group.create(later), timeout=5) is True
         await asyncio.sleep(0.3)
         assert not waiting.done()  # its own statement waits on the holder, as it would alone
     finally:
