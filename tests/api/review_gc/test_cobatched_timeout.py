@@ -1,4 +1,5 @@
 """Review gc (dea15b0), the head of line's other face: a create that shares a batch with a
+Failed on dea15b0; passes since 7a5e65f (kept to guard the fix).
 key parked on another transaction's lock is parked with it, and when the statement hits the
 connection's ``command_timeout`` (30 s by default; 1 s here) the whole batch is answered
 ``StorageUnavailableError`` (503 ``service_unavailable``, "storage down") — the unrelated
@@ -50,11 +51,6 @@ def _rows(ctx: AppContext, key: str) -> InlineCreate:
     return inline.build(ctx.service, MERCHANT, key, request, body_fingerprint(request), utcnow())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review gc: a create batched with a key parked on another transaction's lock is"
-    " answered 503 when the batch hits command_timeout (storage was up)",
-)
 async def test_an_unrelated_create_in_a_parked_batch_is_written(
     ctx: AppContext, private_pg_backend: Backend
 ) -> None:

@@ -1,4 +1,5 @@
 """Review gc (dea15b0, Postgres group commit): a key whose insert waits on another
+Failed on dea15b0; passes since def0de0 (kept to guard the fix).
 transaction's lock parks its whole batch, and with the default 2 writers two such keys park
 every create of the process: an unrelated create (another key, nothing locked) is not
 answered until the other transactions end — up to the connection's ``command_timeout``
@@ -107,11 +108,6 @@ def _unrelated_create_waits(backend: Backend, group_commit: bool) -> float:
     return asyncio.run(run())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review gc: two keys waiting on other transactions' locks park both writers;"
-    " an unrelated create is not answered until those transactions end",
-)
 def test_an_unrelated_create_is_not_parked_behind_locked_keys(
     private_pg_backend: Backend,
 ) -> None:
