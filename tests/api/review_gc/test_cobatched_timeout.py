@@ -1,5 +1,4 @@
 """Review gc (dea15b0), the head of line's other face: a create that shares a batch with a
-Failed on dea15b0; passes since 7a5e65f (kept to guard the fix).
 key parked on another transaction's lock is parked with it, and when the statement hits the
 connection's ``command_timeout`` (30 s by default; 1 s here) the whole batch is answered
 ``StorageUnavailableError`` (503 ``service_unavailable``, "storage down") — the unrelated
@@ -8,7 +7,10 @@ on its own statement (before dea15b0) writes the unrelated create at once.
 
 Not payment-visible (a 503 stores nothing and the retry writes it), but one locked key turns
 into 503s for up to 63 other payments of its batch, and every one of them waits the full
-timeout first. In-process, on a private Postgres database, with the server's own batcher."""
+timeout first. In-process, on a private Postgres database, with the server's own batcher.
+
+Failed on dea15b0; passes since 7a5e65f (kept to guard the fix).
+"""
 
 from __future__ import annotations
 

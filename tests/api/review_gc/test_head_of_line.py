@@ -1,5 +1,4 @@
 """Review gc (dea15b0, Postgres group commit): a key whose insert waits on another
-Failed on dea15b0; passes since def0de0 (kept to guard the fix).
 transaction's lock parks its whole batch, and with the default 2 writers two such keys park
 every create of the process: an unrelated create (another key, nothing locked) is not
 answered until the other transactions end — up to the connection's ``command_timeout``
@@ -12,6 +11,8 @@ Real server, private Postgres database; the lock holders are plain transactions 
 uncommitted row of the key (what a batch also waits on: any other writer of the same
 (merchant, key) — another worker's batch, a general-path claim/finish, an abort's fence,
 the purge — for as long as it stays open).
+
+Failed on dea15b0; passes since def0de0 (kept to guard the fix).
 """
 
 from __future__ import annotations
