@@ -15,11 +15,12 @@ plans. A warning, not a refusal: the server still answers correctly, only slower
 from __future__ import annotations
 
 import asyncio
-import sys
 
+import structlog
 from sqlalchemy import text
 
 from api.config import Settings
+from api.logs import configure_logging
 
 # setting → why idempay needs it on
 REQUIRED_ON = {
@@ -55,9 +56,13 @@ async def postgres_warnings(settings: Settings) -> list[str]:
 
 
 def warn_about_postgres(settings: Settings) -> list[str]:
-    """``postgres_warnings``, each written to stderr (before the server's own logging
-    starts). Runs its own event loop: call it outside a running loop."""
+    """``postgres_warnings``, each logged as a ``postgres_setting`` warning in the server's
+    own log format (one JSON record per line by default: ``api.logs``). Runs its own event
+    loop: call it outside a running loop."""
     warnings = asyncio.run(postgres_warnings(settings))
-    for line in warnings:
-        sys.stderr.write(f"warning: {line}\n")
+    if warnings:
+        configure_logging(settings)
+        log = structlog.get_logger("idempay.pg_checks")
+        for line in warnings:
+            log.warning("postgres_setting", detail=line)
     return warnings
