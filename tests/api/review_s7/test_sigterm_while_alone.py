@@ -1,0 +1,110 @@
+"""Review s7 (Postgres group commit, def0de0): SIGTERM while a failed batch's create waits
+alone on its key.
+
+The create's batch gave up on another transaction's lock of its key (500 ms) and the create
+was sent again in a task of its own (``GroupCommit._answer_one``). On SIGTERM uvicorn waits
+``timeout_graceful_shutdown`` (10 s) for the request, then cancels it: the terminal is
+answered a bare ``text/plain`` ``500 Internal Server Error`` — no problem+json, no ``code``,
+no ``Idempotency-Status``, no ``Retry-After``. The alone task is not cancelled with it:
+``GroupCommit.close`` (the lifespan's shutdown) waits for it, so when the other transaction
+ends the create is written and committed during shutdown — processed after its caller was
+told 500, and with no request event for it (seen: the key ``completed`` with its
+transaction, ``request_event`` empty for the key).
+
+Contract §2: every error is RFC 9457 problem+json with a machine-readable ``code``; every
+response to create carries ``Idempotency-Status``; a 503 (storage) or 409 (the key is being
+processed) carries ``Retry-After``. Not group commit's own: this test with
+``IDEMPAY_PG_GROUP_COMMIT=false`` (one statement per create, waiting on the same holder)
+saw the same bare 500 (d3dafde). Seen on d3dafde: the 500 at ~11.4 s after the create was
+sent (SIGTERM at ~1.2 s), the write at the holder's rollback (~13 s), the process gone
+right after.
+
+Real server (one worker), private Postgres database; the holder is a plain transaction with
+an uncommitted row of the key (an operator's open transaction, a stuck writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.support.backend import Backend
+from tests.support.client import body
+
+pytestmark = pytest.mark.server
+
+WAITING = (
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+)
+GRACE_S = 10  # api/cli.py: uvicorn's timeout_graceful_shutdown
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review s7: SIGTERM while a create waits alone: answered a bare text/plain 500"
+    " (no problem+json, no Idempotency-Status), then written during shutdown",
+)
+def test_create_waiting_alone_at_sigterm_is_answered_per_contract(
+    private_pg_backend: Backend,
+) -> None:
+    backend = private_pg_backend
+    server = backend.server()
+    api_key = backend.api_key("review-s7-term")
+    merchant_id = backend.sql("SELECT id FROM merchant WHERE name = 'review-s7-term'")[0][0]
+    assert backend.database_url is not None
+    dsn = backend.database_url.replace("+asyncpg", "")
+    held = str(uuid.uuid4())
+
+    async def run() -> tuple[httpx.Response, list[httpx.Response]]:
+        admin = await asyncpg.connect(dsn)
+        holder = await asyncpg.connect(dsn)
+        tx = holder.transaction()
+        await tx.start()
+        try:
+            await holder.execute(
+                "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
+                " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
+                merchant_id,
+                held,
+            )
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+
+                def post(key: str, amount: int) -> Any:
+                    return client.post(
+                        "/v1/transactions",
+                        json=body(amount=amount),
+                        headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
+                    )
+
+                waiting = asyncio.create_task(post(held, 77))
+                others = [asyncio.create_task(post(str(uuid.uuid4()), 100 + n)) for n in range(3)]
+                for _ in range(300):
+                    if await admin.fetchval(WAITING) >= 1:
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    raise AssertionError("the held key's create does not wait on its holder")
+                answered = await asyncio.gather(*others)  # batched with it: answered at once
+                await asyncio.sleep(0.7)  # past the batch's lock wait: the create waits alone
+                os.killpg(server.pid, signal.SIGTERM)
+                answer = await asyncio.wait_for(waiting, GRACE_S + 20)
+                return answer, answered
+        finally:
+            await tx.rollback()
+            await holder.close()
+            await admin.close()
+
+    answer, others = asyncio.run(run())
+    assert [r.status_code for r in others] == [201, 201, 201]
+    assert answer.status_code in (409, 503), (answer.status_code, answer.text)
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert answer.headers.get("Idempotency-Status") is not None
+    assert answer.headers.get("Retry-After") is not None
