@@ -30,7 +30,7 @@ test: $(STAMP) services tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25
 	./deploy/local/deploy_test.sh --if-possible
 
 # The edit loop's lane: no servers, Spark, browser, model or chaos (markers set in tests/conftest.py).
