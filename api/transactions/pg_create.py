@@ -25,11 +25,14 @@ On Citus (``citus``, probed once at start-up by ``api.main``) ``create`` writes
 nothing and answers ``False``: the general path writes instead, every statement routed to
 the merchant's shard (docs/scaling.md). ``CREATE`` itself is the same statement on both.
 
-Errors: a pool that cannot give a connection in ``IDEMPAY_DB_TIMEOUT`` (or open one) and a
-statement failing for want of storage (``api.storage_errors.storage_unavailable``) raise
-``StorageUnavailableError`` (503, nothing acknowledged); the connection of the latter is
-closed and the idle ones retired. Any other statement error is a bug (500) and leaves the
-connection usable; a statement cut short (cancelled) closes its connection.
+Errors (``pg_group.run``, the one helper both paths share): a pool that cannot give a
+connection in ``IDEMPAY_DB_TIMEOUT`` (or open one) and a statement failing for want of storage
+(``api.storage_errors.storage_unavailable``) raise ``StorageUnavailableError`` (503, nothing
+acknowledged); the connection of the latter is closed and the idle ones retired. Any other
+statement error is a bug (500) and leaves the connection usable; a statement cut short
+(cancelled) closes its connection. A create past ``command_timeout`` is answered once its
+statement has provably ended (201 from its row, or 503 when it wrote nothing), or in doubt
+(409) when that cannot be confirmed (``pg_group``, "Timeout"); a read past it is 503.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ import asyncpg
 
 from api.db import DriverPool, utcnow
 from api.idempotency.store import KeyRecord
-from api.storage_errors import storage_unavailable
 from api.transactions.guard import DuplicateOf, Guard
 from api.transactions.inline import (
     KEY_WIDTH,
@@ -50,7 +52,13 @@ from api.transactions.inline import (
     StorageUnavailableError,
     StoredTransaction,
 )
-from api.transactions.pg_group import GroupCommit, create_args
+from api.transactions.pg_group import (
+    GroupCommit,
+    StatementTimedOut,
+    after_timeout,
+    create_args,
+    run,
+)
 
 CREATE = """
 WITH k AS (
@@ -158,24 +166,10 @@ class PgInline:
         )
 
     async def _call(self, method: str, statement: str, *args: Any) -> Any:
-        pool = self.pool
-        try:
-            conn = await pool.acquire()
-        except Exception as exc:  # no connection in time, connect refused, pool closed
-            raise StorageUnavailableError(type(exc).__name__) from exc
-        try:
-            result = await getattr(conn, method)(statement, *args)
-        except Exception as exc:
-            if not storage_unavailable(exc):
-                pool.release(conn)  # a statement error: a bug, not an outage (500)
-                raise
-            pool.discard(conn, outage=True)  # never hand a broken connection out again
-            raise StorageUnavailableError(type(exc).__name__) from exc
-        except BaseException:
-            pool.discard(conn, outage=False)  # cut short mid-statement: not reusable
-            raise
-        pool.release(conn)  # autocommit left no transaction to roll back
-        return result
+        """One statement (``pg_group.run``). Past ``command_timeout`` it raises
+        ``StatementTimedOut`` (a 503 as it is: right for a read, which processed nothing;
+        ``create`` answers it from what the statement left)."""
+        return await run(self.pool, method, statement, *args)
 
     async def create(
         self, rows: InlineCreate, guard: Guard | None = None
@@ -196,6 +190,11 @@ class PgInline:
             # Not the key (its conflict writes nothing): an issuer record left by a purged
             # tombstone's void. The general path answers from the simulator's record.
             return False
+        except StatementTimedOut as exc:  # ended or in doubt: answered from its key, or 409
+            (answer,) = await after_timeout(self.pool, [rows], ended=exc.ended)
+            if isinstance(answer, StorageUnavailableError):
+                raise answer from exc  # the statement is over and wrote nothing: 503 is true
+            return answer
         if row[0]:
             return True
         if guard is None:

@@ -31,6 +31,19 @@ committed after the snapshot; the caller reads the key).
   ``IDEMPAY_DB_TIMEOUT``): every create of the batch gets ``StorageUnavailableError`` (503,
   nothing acknowledged) — also when the commit's outcome is unknown (a connection lost
   mid-statement): a retry with the same key replays or writes, never twice.
+- **Timeout** (asyncpg's ``command_timeout``, batch or one create: ``run``). The answer
+  waits until the statement has ended in Postgres: the connection is kept until the server
+  acknowledges asyncpg's cancel (its ReadyForQuery) — closing it at once, as before, dropped
+  the cancel unsent and Postgres committed the statement seconds after a 503. Then
+  ``after_timeout`` reads the keys: a create whose own row is there is True (201, written),
+  another's row is that row, no row is 503 (true now: the statement is over). When the end
+  cannot be confirmed within the pool's ``timeout`` (the database unreachable) or the read
+  fails, each create is answered in doubt (``in_doubt``: 409 ``request_in_progress``, look
+  up after ``Retry-After``), never 503 — contract §2.2. Measured on Postgres 15: a
+  ``set_config('statement_timeout', …)`` inside the statement does not arm the timer for that
+  statement; a startup ``statement_timeout`` is an unknown startup parameter to PgBouncer in
+  transaction mode (docs/operations.md; not measured here): so the protocol's cancel, which
+  PgBouncer routes to the server connection, is the bound.
 - **Head of line.** A key waiting on another transaction's uncommitted insert of it stalls
   its batch until that commits; ``writers`` (2 by default, never more than the pool's
   connections) lets the next batch go meanwhile, and past ``lock_wait`` (500 ms) the batch
@@ -48,11 +61,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from api.db import DriverPool, utcnow
-from api.idempotency.store import KeyRecord
+from api.idempotency.store import PROCESSING, KeyRecord
 from api.storage_errors import storage_unavailable
 from api.transactions.guard import DuplicateOf
 from api.transactions.inline import InlineCreate, StorageUnavailableError
@@ -139,6 +152,125 @@ LOCK_WAIT = "500ms"
 Answer = KeyRecord | bool
 Single = Callable[[InlineCreate], Awaitable[KeyRecord | bool | DuplicateOf]]
 
+# The key rows of a timed-out statement's creates, read once it has ended (``settle``).
+READ_KEYS = """
+SELECT r.merchant_id, r.key, r.state, r.fingerprint, r.lease_token, r.lease_until, r.request,
+  r.response_status, r.response_body, r.terminal_id, r.created_at, r.deadline_at
+FROM unnest($1::varchar[], $2::varchar[]) AS u(merchant_id, key)
+JOIN idempotency_key AS r ON r.merchant_id = u.merchant_id AND r.key = u.key
+"""
+
+
+class StatementTimedOut(StorageUnavailableError):
+    """The statement ran past the connection's ``command_timeout``. ``ended``: asyncpg's
+    cancel was acknowledged by the server (its ReadyForQuery), so the statement's transaction
+    is over — committed or rolled back, read to know; else its end could not be confirmed
+    (no acknowledgement within the pool's ``timeout``, the connection lost): it may still
+    commit. A read answers it 503 (a read processes nothing); a create must not (``settle``)."""
+
+    def __init__(self, *, ended: bool) -> None:
+        super().__init__("statement timed out" + ("; ended" if ended else "; outcome unknown"))
+        self.ended = ended
+
+
+async def run(pool: DriverPool, method: str, statement: str, *args: Any) -> Any:
+    """One statement on a connection of ``pool`` (``conn.<method>``, autocommit): the one
+    place the hot path takes, gives back and closes connections. No connection in the pool's
+    ``timeout`` (or none can be opened), or a statement failing for want of storage: raises
+    ``StorageUnavailableError`` (503; the statement never ran or the server rolled it back)
+    and closes the connection. Another statement error (a bug, a constraint, a lock wait) is
+    raised as it is and the connection goes back. Past ``command_timeout``: raises
+    ``StatementTimedOut`` only once the statement has provably ended in Postgres, or with
+    ``ended=False`` when that could not be confirmed — never while it may still commit
+    unnoticed: closing the connection at once (as before) dropped asyncpg's cancel before it
+    was sent, and Postgres ran the statement to its commit seconds after a 503."""
+    try:
+        conn = await pool.acquire()
+    except Exception as exc:  # no connection in time, connect refused, pool closed
+        raise StorageUnavailableError(type(exc).__name__) from exc
+    try:
+        result = await getattr(conn, method)(statement, *args)
+    except TimeoutError:  # command_timeout: asyncpg has only scheduled the server's cancel
+        ended = await _settle(pool, conn)
+        raise StatementTimedOut(ended=ended) from None
+    except Exception as exc:
+        if not storage_unavailable(exc):
+            pool.release(conn)  # a statement error: rolled back, the connection is fine
+            raise
+        pool.discard(conn, outage=True)  # never hand a broken connection out again
+        raise StorageUnavailableError(type(exc).__name__) from exc
+    except BaseException:
+        pool.discard(conn, outage=False)  # cut short mid-statement: not reusable
+        raise
+    pool.release(conn)  # autocommit: committed (durable) when the call returned
+    return result
+
+
+async def _settle(pool: DriverPool, conn: Any) -> bool:
+    """After a ``command_timeout``: True once the server has ended the statement. asyncpg
+    runs the next query on this connection only after its cancel was sent and the server
+    answered the cancelled statement (ReadyForQuery: its transaction committed or rolled
+    back, nothing of it left running); it closes the connection itself if that does not
+    come within the timeout. Works through PgBouncer too (the cancel is the protocol's,
+    routed to the server connection running it; no backend pid is used)."""
+    try:
+        await conn.fetchval("SELECT 1", timeout=pool.timeout)
+    except Exception:  # unconfirmed (asyncpg closed it): the statement may still commit
+        pool.discard(conn, outage=True)
+        return False
+    except BaseException:  # cancelled while waiting
+        pool.discard(conn, outage=False)
+        raise
+    pool.release(conn)
+    return True
+
+
+def in_doubt(rows: InlineCreate, seconds: float) -> KeyRecord:
+    """The answer for a create whose statement may still commit: its key as in flight
+    (``processing``, this create's fingerprint, a lease of ``seconds``) — answered 409
+    ``request_in_progress`` with ``Retry-After`` (contract §2.2), the in-flight answer the
+    contract has, never 503 ("nothing was processed"). Nothing of it is stored."""
+    txn = rows.txn
+    until = utcnow() + timedelta(seconds=seconds)
+    return KeyRecord(
+        txn.merchant_id, txn.id, PROCESSING, rows.fingerprint, 0, until, None, None, None,
+        txn.terminal_id, txn.created_at, None,
+    )  # fmt: skip
+
+
+async def after_timeout(
+    pool: DriverPool, creates: Sequence[InlineCreate], *, ended: bool
+) -> list[Answer | StorageUnavailableError]:
+    """Each create's answer after its statement timed out (``StatementTimedOut``). Ended:
+    the keys are read — a row this create wrote (its own response body) is True, 201 as
+    written; another's row is that row (answered by the usual rules); no row is
+    ``StorageUnavailableError``, 503, now true: the statement is over and wrote nothing of
+    it. Not ended, or the read itself fails: ``in_doubt`` for every create."""
+    found: list[Any] | None = None
+    if ended:
+        merchants = [create.txn.merchant_id for create in creates]
+        keys = [create.txn.id for create in creates]
+        try:
+            found = await run(pool, "fetch", READ_KEYS, merchants, keys)
+        except Exception:  # storage down after all: whether it committed is unknown
+            found = None
+    if found is None:
+        return [in_doubt(create, pool.timeout) for create in creates]
+    stored = {(row[0], row[1]): KeyRecord(*row) for row in found}
+    out: list[Answer | StorageUnavailableError] = []
+    for create in creates:
+        record = stored.get((create.txn.merchant_id, create.txn.id))
+        if record is None:
+            out.append(StorageUnavailableError("statement timed out and was cancelled"))
+        elif (record.fingerprint, record.response_body) == (
+            create.fingerprint,
+            create.response_body,
+        ):
+            out.append(True)  # this create's own row: its statement committed
+        else:
+            out.append(record)
+    return out
+
 
 def create_args(rows: InlineCreate, issued_at: datetime) -> tuple[Any, ...]:
     """``CREATE``'s 28 arguments (``pg_create``), one create's element of ``CREATE_MANY``'s
@@ -210,7 +342,7 @@ class GroupCommit:
     async def create(self, rows: InlineCreate) -> Answer:
         if self._closing:  # shutting down: the one statement (a closed pool answers 503)
             return await self._one(rows)
-        if len(self._tasks) < self.writers or any(task.done() for task in self._tasks):
+        if len(self._tasks) < self.writers:  # the first create (a writer ended restarts)
             self._start_writers()
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._pending.append(_Queued(rows, future))
@@ -220,12 +352,19 @@ class GroupCommit:
         return await future
 
     def _start_writers(self) -> None:
-        """On the first create (in the serving loop), and again should a writer have ended
-        (only a cancelled one ends before ``close``): the queue never lacks its writers."""
-        alive = [task for task in self._tasks if not task.done()]
-        while len(alive) < self.writers:
-            alive.append(asyncio.create_task(self._writer(), name="pg-group-commit"))
-        self._tasks = alive
+        """On the first create (in the serving loop): ``writers`` writer tasks. A writer that
+        ends before ``close`` (only a cancelled one does) is replaced from its done-callback
+        (``_ended``), so the queue never lacks its writers and ``create`` checks nothing."""
+        while len(self._tasks) < self.writers:
+            task = asyncio.create_task(self._writer(), name="pg-group-commit")
+            task.add_done_callback(self._ended)
+            self._tasks.append(task)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
+        if not self._closing and not task.get_loop().is_closed():
+            self._start_writers()
 
     async def close(self) -> None:
         """Finish every create queued (the writers take batches until the queue is empty),
@@ -239,7 +378,6 @@ class GroupCommit:
         finally:
             for task in (*self._tasks, *self._alone):
                 task.cancel()
-            self._tasks = []
             while self._pending:
                 _fail(self._pending.popleft(), "closed")
 
@@ -291,26 +429,29 @@ class GroupCommit:
             raise
 
     async def _send(self, batch: list[_Queued]) -> None:
-        pool = self.pool
         self.batches += 1
         self.sent += len(batch)
         try:
-            conn = await pool.acquire()
-        except Exception as exc:  # no connection in time, connect refused, pool closed
-            for item in batch:
-                _fail(item, type(exc).__name__)
+            rows = await run(
+                self.pool, "fetch", CREATE_MANY, *columns([item.args for item in batch]),
+                self.lock_wait,
+            )  # fmt: skip
+        except StatementTimedOut as exc:  # ended, or may still commit: never a plain 503
+            creates = [item.rows for item in batch]
+            settled = await after_timeout(self.pool, creates, ended=exc.ended)
+            for item, answer in zip(batch, settled, strict=True):
+                if item.future.done():
+                    continue
+                if isinstance(answer, StorageUnavailableError):
+                    item.future.set_exception(answer)
+                else:
+                    item.future.set_result(answer)
             return
-        try:
-            rows = await conn.fetch(
-                CREATE_MANY, *columns([item.args for item in batch]), self.lock_wait
-            )
-        except Exception as exc:
-            if storage_unavailable(exc):  # nothing acknowledged: 503 for every create
-                pool.discard(conn, outage=True)
-                for item in batch:
-                    _fail(item, type(exc).__name__)
-                return
-            pool.release(conn)  # the whole statement rolled back: one statement per create
+        except StorageUnavailableError as exc:  # never ran, or the server rolled it back
+            for item in batch:
+                _fail(item, str(exc))
+            return
+        except Exception:  # the whole statement rolled back: one statement per create
             self.fallbacks += 1
             # Not awaited here: a create whose own statement waits (a stuck holder of its
             # key) must not keep this writer from the next batch. Each holds its key until
@@ -321,10 +462,7 @@ class GroupCommit:
                 self._alone.add(task)
                 task.add_done_callback(self._alone.discard)
             return
-        except BaseException:
-            pool.discard(conn, outage=False)  # cut short mid-statement: not reusable
-            raise
-        pool.release(conn)  # autocommit: committed (durable) when ``fetch`` returned
+        # autocommit: committed (durable) when the statement returned
         for item, answer in zip(batch, answers(rows, len(batch)), strict=True):
             if not item.future.done():
                 item.future.set_result(answer)
