@@ -6,7 +6,8 @@
   (one transaction, one ledger entry, one issuer record), exactly one caller per key gets
   201 ``created``, every other caller of the same payload gets the identical body as a
   replay and every caller of the other payload 422 ``idempotency_key_reused`` (contract §2,
-  §3.1–3.2) — never a 5xx or a 409.
+  §3.1–3.2) — never a 5xx or a 409. Declines and refunds ride the same batches: a declined
+  create is stored and replayed like an approval and has no ledger entry.
 - A completed key's row locked by an operator's open ``SELECT … FOR UPDATE`` does not stop
   its batch: the replay (and the creates batched with it) are answered at once
   (``ON CONFLICT DO NOTHING`` does not wait on a row lock, only on a writer).
@@ -25,7 +26,7 @@ import httpx
 import pytest
 
 from tests.support.backend import Backend
-from tests.support.client import body
+from tests.support.client import body, card
 
 pytestmark = pytest.mark.server
 
@@ -49,9 +50,14 @@ def test_same_keys_from_two_workers_in_different_batches(private_pg_backend: Bac
             async def post(
                 name: str, key: str, amount: int
             ) -> tuple[tuple[str, str], int, httpx.Response]:
+                payload = body(amount=amount)
+                if amount % 5 == 0:  # declined by the issuer
+                    payload["card"] = card("tok_decline_insufficient_funds")
+                elif amount % 7 == 0:
+                    payload["type"] = "refund"
                 response = await client.post(
                     "/v1/transactions",
-                    json=body(amount=amount),
+                    json=payload,
                     headers={"Authorization": f"Bearer {merchants[name]}", "Idempotency-Key": key},
                 )
                 return (ids[name], key), amount, response
@@ -77,10 +83,12 @@ def test_same_keys_from_two_workers_in_different_batches(private_pg_backend: Bac
     assert issuer == len(rows)
     for key, answers in by_key.items():
         amount, ledger, copies = rows[key]
-        assert (ledger, copies) == (1, 1), key
+        assert (ledger, copies) == (0 if amount % 5 == 0 else 1, 1), key
         created = [r for a, r in answers if r.headers.get("Idempotency-Status") == "created"]
         assert len(created) == 1, [(a, r.status_code) for a, r in answers]
         assert created[0].status_code == 201 and created[0].json()["amount"] == amount
+        declined = created[0].json()["status"] == "declined"
+        assert declined == (amount % 5 == 0)
         for sent, response in answers:
             if response is created[0]:
                 continue
