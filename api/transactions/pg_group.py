@@ -37,13 +37,14 @@ committed after the snapshot; the caller reads the key).
   the cancel unsent and Postgres committed the statement seconds after a 503. Then
   ``after_timeout`` reads the keys: a create whose own row is there is True (201, written),
   another's row is that row, no row is 503 (true now: the statement is over). When the end
-  cannot be confirmed within the pool's ``timeout`` (the database unreachable) or the read
-  fails, each create is answered in doubt (``in_doubt``: 409 ``request_in_progress``, look
-  up after ``Retry-After``), never 503 — contract §2.2. Measured on Postgres 15: a
-  ``set_config('statement_timeout', …)`` inside the statement does not arm the timer for that
-  statement; a startup ``statement_timeout`` is an unknown startup parameter to PgBouncer in
-  transaction mode (docs/operations.md; not measured here): so the protocol's cancel, which
-  PgBouncer routes to the server connection, is the bound.
+  cannot be confirmed within the pool's ``timeout`` (the database unreachable), a create
+  with no row — or every create, if the read fails — is answered in doubt (``in_doubt``:
+  409 ``request_in_progress``, look up after ``Retry-After``), never 503 — contract §2.2.
+  Measured on Postgres 15: a ``set_config('statement_timeout', …)`` inside the statement
+  does not arm the timer for that statement; a startup ``statement_timeout`` is an unknown
+  startup parameter to PgBouncer in transaction mode (docs/operations.md; not measured
+  here): so the protocol's cancel, which PgBouncer routes to the server connection, is the
+  bound.
 - **Head of line.** A key waiting on another transaction's uncommitted insert of it stalls
   its batch until that commits; ``writers`` (2 by default, never more than the pool's
   connections) lets the next batch go meanwhile, and past ``lock_wait`` (500 ms) the batch
@@ -241,27 +242,28 @@ def in_doubt(rows: InlineCreate, seconds: float) -> KeyRecord:
 async def after_timeout(
     pool: DriverPool, creates: Sequence[InlineCreate], *, ended: bool
 ) -> list[Answer | StorageUnavailableError]:
-    """Each create's answer after its statement timed out (``StatementTimedOut``). Ended:
-    the keys are read — a row this create wrote (its own response body) is True, 201 as
-    written; another's row is that row (answered by the usual rules); no row is
-    ``StorageUnavailableError``, 503, now true: the statement is over and wrote nothing of
-    it. Not ended, or the read itself fails: ``in_doubt`` for every create."""
-    found: list[Any] | None = None
-    if ended:
-        merchants = [create.txn.merchant_id for create in creates]
-        keys = [create.txn.id for create in creates]
-        try:
-            found = await run(pool, "fetch", READ_KEYS, merchants, keys)
-        except Exception:  # storage down after all: whether it committed is unknown
-            found = None
-    if found is None:
+    """Each create's answer after its statement timed out (``StatementTimedOut``): its key is
+    read. A row this create wrote (its own response body) is True — 201, as written: the
+    statement committed. Another's row is that row (answered by the usual rules; the
+    statement writes nothing for an existing key). No row: ``StorageUnavailableError`` (503,
+    true now) when the statement has ended (``ended``), else ``in_doubt`` — it may still
+    commit. The read failing (storage down): ``in_doubt`` for every create."""
+    merchants = [create.txn.merchant_id for create in creates]
+    keys = [create.txn.id for create in creates]
+    try:
+        found = await run(pool, "fetch", READ_KEYS, merchants, keys)
+    except Exception:  # storage down after all: whether it committed is unknown
         return [in_doubt(create, pool.timeout) for create in creates]
     stored = {(row[0], row[1]): KeyRecord(*row) for row in found}
     out: list[Answer | StorageUnavailableError] = []
     for create in creates:
         record = stored.get((create.txn.merchant_id, create.txn.id))
         if record is None:
-            out.append(StorageUnavailableError("statement timed out and was cancelled"))
+            out.append(
+                StorageUnavailableError("statement timed out and was cancelled")
+                if ended
+                else in_doubt(create, pool.timeout)
+            )
         elif (record.fingerprint, record.response_body) == (
             create.fingerprint,
             create.response_body,

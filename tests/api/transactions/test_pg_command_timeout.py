@@ -187,12 +187,17 @@ class _Link:
         self.port = 0
         self._writers: list[asyncio.StreamWriter] = []
         self._pipes: set[asyncio.Task[None]] = set()
+        self.refuse = 0  # new connections to drop at once (asyncpg's cancel request)
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            writer.transport.abort()
+            return
         up_reader, up_writer = await asyncio.open_connection(*self.target)
         self._writers += [writer, up_writer]
         for src, dst in ((reader, up_writer), (up_reader, writer)):
@@ -240,13 +245,7 @@ async def test_a_timeout_while_the_database_is_unreachable_is_in_doubt_not_503(
         assert await group.create(warm) is True
         await admin.execute('ALTER TABLE "transaction" ENABLE TRIGGER stall')
         sent = asyncio.gather(*(group.create(rows) for rows in creates), return_exceptions=True)
-        for _ in range(100):  # until the batch statement runs in Postgres
-            if await admin.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%unnest%'"
-                " AND state = 'active' AND pid <> pg_backend_pid()"
-            ):
-                break
-            await asyncio.sleep(0.02)
+        await _running(admin)
         link.cut()
         answers = await sent
         written_at_answer = await admin.fetchval(COUNT, MERCHANT, keys)
@@ -271,6 +270,51 @@ async def test_a_timeout_while_the_database_is_unreachable_is_in_doubt_not_503(
     assert [(o.status, o.event) for o in outcomes] == [(409, "in_progress")] * 3, outcomes
     assert written_at_answer == 0  # not committed yet when answered...
     assert written_later == 3  # ...and committed afterwards: a 503 would have been a lie
+
+
+async def _running(admin: Any) -> None:
+    """Until a batch statement runs in Postgres."""
+    for _ in range(100):
+        if await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%unnest%'"
+            " AND state = 'active' AND pid <> pg_backend_pid()"
+        ):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("no batch statement is running")
+
+
+async def test_a_cancel_that_never_arrives_is_in_doubt_even_when_the_read_finds_nothing(
+    ctx: AppContext, admin: Any
+) -> None:
+    """The link stays up but asyncpg's cancel request is lost: the statement (3.5 s) is not
+    acknowledged in time, asyncpg closes the connection, and the statement goes on in
+    Postgres. The read (a new connection) finds none of the keys — yet they are answered in
+    doubt, not 503: the statement had not provably ended, and it commits afterwards."""
+    await admin.execute(STALL.replace("pg_sleep(2)", "pg_sleep(3.5)"))
+    url = make_url(ctx.settings.resolved_database_url)
+    link = _Link(url.host or "127.0.0.1", url.port or 5432)
+    await link.start()
+    pool = _pool(url.set(host="127.0.0.1", port=link.port).render_as_string(False))
+    group = GroupCommit(pool, PgInline(pool, citus=False).create, writers=1)
+    creates = [_rows(ctx) for _ in range(2)]
+    keys = [rows.txn.id for rows in creates]
+    try:
+        sent = asyncio.gather(*(group.create(rows) for rows in creates), return_exceptions=True)
+        await _running(admin)
+        link.refuse = 1  # the next new connection: the cancel request
+        answers = await sent
+        written_at_answer = await admin.fetchval(COUNT, MERCHANT, keys)
+        await asyncio.sleep(2.5)
+        written_later = await admin.fetchval(COUNT, MERCHANT, keys)
+    finally:
+        await group.close()
+        await pool.close()
+        await link.close()
+    assert link.refuse == 0  # the cancel was indeed refused
+    assert all(isinstance(a, KeyRecord) and a.state == "processing" for a in answers), answers
+    assert written_at_answer == 0
+    assert written_later == 2
 
 
 async def test_a_writer_that_ends_is_replaced_without_a_create(ctx: AppContext) -> None:
