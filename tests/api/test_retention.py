@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import update
 
 from api.db import create_engine
@@ -18,7 +20,7 @@ from api.models import IdempotencyKey
 from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, new_key
 from tests.support.eventually import eventually
-from tests.support.services import ROOT
+from tests.support.services import ROOT, Server
 
 # No clock-skew tolerance here: tombstones go at the retention itself (see SKEW below).
 WINDOW = {"IDEMPAY_TOMBSTONE_RETENTION": "3s", "IDEMPAY_CLOCK_SKEW_TOLERANCE": "0s"}
@@ -43,90 +45,89 @@ def _purge(backend: Backend, window: dict[str, str] = WINDOW) -> str:
     ).stdout
 
 
-def test_purged_tombstone_cannot_let_a_late_original_through(pg_backend: Backend) -> None:
+@pytest.fixture(scope="module")
+def window_server(pg_backend: Backend) -> Iterator[Server]:
+    """One server with the 3 s window for the three tests that ask for it (each with a
+    merchant of its own, or none): a server start costs seconds on a loaded machine."""
     server = pg_backend.server(**WINDOW)
-    api = Api(server.url, pg_backend.api_key("merchant-retention"))
     try:
-        captured = datetime.now(UTC)
-        aborted, processed = new_key(), new_key()
-        minted_v7 = _uuid7(captured)
-        api.create(processed, body(captured_at=captured.isoformat()))
-        assert api.abort(aborted).json()["status"] == "aborted"
-        assert api.abort(minted_v7).json()["status"] == "aborted"
-        eventually(  # the three requests' events, flushed by the server's writer
-            lambda: pg_backend.sql(
-                "SELECT count(*) FROM request_event WHERE idempotency_key IN (:a, :b, :c)",
-                a=aborted,
-                b=processed,
-                c=minted_v7,
-            )[0][0],
-            until=lambda count: count == 3,
-            what="the request events of the create and the two aborts",
-        )
-        old_event = pg_backend.sql("SELECT count(*) FROM request_event")[0][0]
-        pg_backend.sql(  # as if exported to the lake
-            "UPDATE request_event SET exported_at = ts WHERE merchant_id = "
-            "(SELECT id FROM merchant WHERE name = 'merchant-retention')"
-        )
-        time.sleep(3.5)  # past the 3 s retention window: time itself, nothing to poll
+        yield server
+    finally:
+        server.stop()
 
-        out = _purge(pg_backend)
-        assert "purged tombstones=" in out
-        remaining = pg_backend.sql(
-            "SELECT key FROM idempotency_key WHERE key IN (:a, :b, :c)",
+
+def test_purged_tombstone_cannot_let_a_late_original_through(
+    pg_backend: Backend, window_server: Server
+) -> None:
+    server = window_server
+    api = Api(server.url, pg_backend.api_key("merchant-retention"))
+    captured = datetime.now(UTC)
+    aborted, processed = new_key(), new_key()
+    minted_v7 = _uuid7(captured)
+    api.create(processed, body(captured_at=captured.isoformat()))
+    assert api.abort(aborted).json()["status"] == "aborted"
+    assert api.abort(minted_v7).json()["status"] == "aborted"
+    eventually(  # the three requests' events, flushed by the server's writer
+        lambda: pg_backend.sql(
+            "SELECT count(*) FROM request_event WHERE idempotency_key IN (:a, :b, :c)",
             a=aborted,
             b=processed,
             c=minted_v7,
-        )
-        assert [row[0] for row in remaining] == [processed]  # processed keys live forever
-        assert pg_backend.sql("SELECT count(*) FROM request_event")[0][0] < old_event
+        )[0][0],
+        until=lambda count: count == 3,
+        what="the request events of the create and the two aborts",
+    )
+    old_event = pg_backend.sql("SELECT count(*) FROM request_event")[0][0]
+    pg_backend.sql(  # as if exported to the lake
+        "UPDATE request_event SET exported_at = ts WHERE merchant_id = "
+        "(SELECT id FROM merchant WHERE name = 'merchant-retention')"
+    )
+    time.sleep(3.5)  # past the 3 s retention window: time itself, nothing to poll
 
-        late = api.create(aborted, body(captured_at=captured.isoformat()))
-        assert_problem(late, 410, "request_expired")
-        late_v7 = api.create(minted_v7, body())  # no captured_at: the key's mint time rules
-        assert_problem(late_v7, 410, "request_expired")
-        for key in (aborted, minted_v7):
-            count = pg_backend.sql('SELECT count(*) FROM "transaction" WHERE id = :k', k=key)
-            assert count[0][0] == 0
-        assert api.create(processed, body(captured_at=captured.isoformat())).status_code == 201
-    finally:
-        server.stop()
+    out = _purge(pg_backend)
+    assert "purged tombstones=" in out
+    remaining = pg_backend.sql(
+        "SELECT key FROM idempotency_key WHERE key IN (:a, :b, :c)",
+        a=aborted,
+        b=processed,
+        c=minted_v7,
+    )
+    assert [row[0] for row in remaining] == [processed]  # processed keys live forever
+    assert pg_backend.sql("SELECT count(*) FROM request_event")[0][0] < old_event
+
+    late = api.create(aborted, body(captured_at=captured.isoformat()))
+    assert_problem(late, 410, "request_expired")
+    late_v7 = api.create(minted_v7, body())  # no captured_at: the key's mint time rules
+    assert_problem(late_v7, 410, "request_expired")
+    for key in (aborted, minted_v7):
+        count = pg_backend.sql('SELECT count(*) FROM "transaction" WHERE id = :k', k=key)
+        assert count[0][0] == 0
+    assert api.create(processed, body(captured_at=captured.isoformat())).status_code == 201
 
 
-def test_unexported_events_are_kept(pg_backend: Backend) -> None:
-    server = pg_backend.server(**WINDOW)
+def test_unexported_events_are_kept(pg_backend: Backend, window_server: Server) -> None:
+    server = window_server
     api = Api(server.url, pg_backend.api_key("merchant-retention-2"))
-    try:
-        key = new_key()
-        api.create(key)
-        eventually(
-            lambda: pg_backend.sql(
-                "SELECT count(*) FROM request_event WHERE idempotency_key = :k", k=key
-            )[0][0],
-            what="the create's request event",
-        )
-        pg_backend.sql(
-            "UPDATE request_event SET exported_at = NULL WHERE idempotency_key = :k", k=key
-        )
-        time.sleep(3.5)  # past the 3 s retention window: time itself, nothing to poll
-        _purge(pg_backend)
-        kept = pg_backend.sql(
+    key = new_key()
+    api.create(key)
+    eventually(
+        lambda: pg_backend.sql(
             "SELECT count(*) FROM request_event WHERE idempotency_key = :k", k=key
-        )
-        assert kept[0][0] == 1
-    finally:
-        server.stop()
+        )[0][0],
+        what="the create's request event",
+    )
+    pg_backend.sql("UPDATE request_event SET exported_at = NULL WHERE idempotency_key = :k", k=key)
+    time.sleep(3.5)  # past the 3 s retention window: time itself, nothing to poll
+    _purge(pg_backend)
+    kept = pg_backend.sql("SELECT count(*) FROM request_event WHERE idempotency_key = :k", k=key)
+    assert kept[0][0] == 1
 
 
-def test_policy_reports_the_configured_window(pg_backend: Backend) -> None:
-    server = pg_backend.server(**WINDOW)
-    try:
-        with Api(server.url, "unused").client() as client:
-            policy = client.get("/v1/idempotency-policy").json()
-        assert policy["tombstone_retention_seconds"] == 3.0
-        assert policy["captured_at_max_age_seconds"] == 3.0
-    finally:
-        server.stop()
+def test_policy_reports_the_configured_window(window_server: Server) -> None:
+    with Api(window_server.url, "unused").client() as client:
+        policy = client.get("/v1/idempotency-policy").json()
+    assert policy["tombstone_retention_seconds"] == 3.0
+    assert policy["captured_at_max_age_seconds"] == 3.0
 
 
 def test_expired_key_mint_time_is_checked_only_for_new_keys(pg_backend: Backend) -> None:
