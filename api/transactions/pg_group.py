@@ -153,7 +153,7 @@ LOCK_WAIT = "500ms"
 Answer = KeyRecord | bool
 Single = Callable[[InlineCreate], Awaitable[KeyRecord | bool | DuplicateOf]]
 
-# The key rows of a timed-out statement's creates, read once it has ended (``settle``).
+# The key rows of a timed-out statement's creates, read after it (``after_timeout``).
 READ_KEYS = """
 SELECT r.merchant_id, r.key, r.state, r.fingerprint, r.lease_token, r.lease_until, r.request,
   r.response_status, r.response_body, r.terminal_id, r.created_at, r.deadline_at
@@ -167,7 +167,8 @@ class StatementTimedOut(StorageUnavailableError):
     cancel was acknowledged by the server (its ReadyForQuery), so the statement's transaction
     is over — committed or rolled back, read to know; else its end could not be confirmed
     (no acknowledgement within the pool's ``timeout``, the connection lost): it may still
-    commit. A read answers it 503 (a read processes nothing); a create must not (``settle``)."""
+    commit. A read answers it 503 (a read processes nothing); a create must not: its answer
+    comes from what the statement left (``after_timeout``)."""
 
     def __init__(self, *, ended: bool) -> None:
         super().__init__("statement timed out" + ("; ended" if ended else "; outcome unknown"))
@@ -212,8 +213,9 @@ async def _settle(pool: DriverPool, conn: Any) -> bool:
     runs the next query on this connection only after its cancel was sent and the server
     answered the cancelled statement (ReadyForQuery: its transaction committed or rolled
     back, nothing of it left running); it closes the connection itself if that does not
-    come within the timeout. Works through PgBouncer too (the cancel is the protocol's,
-    routed to the server connection running it; no backend pid is used)."""
+    come within the timeout. Meant to hold behind PgBouncer too (not measured here): the
+    cancel is the protocol's, which PgBouncer routes to the server connection running the
+    statement, and no backend pid is used."""
     try:
         await conn.fetchval("SELECT 1", timeout=pool.timeout)
     except Exception:  # unconfirmed (asyncpg closed it): the statement may still commit
