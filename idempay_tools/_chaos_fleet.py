@@ -330,16 +330,17 @@ class Probe:
                 key = str(uuid.uuid4())
                 self.keys.append(key)
                 started = time.monotonic()
-                answered = False
+                answered, status, answered_at = False, None, None
                 try:
                     answer = http.post(
                         "/v1/transactions", json=body, headers={"Idempotency-Key": key}
                     )
                     ok, answered = answer.status_code in (201, 202), True
+                    status, answered_at = answer.status_code, time.monotonic()
                 except httpx.HTTPError:
                     ok = False
                 self.results.append((started, ok))
-                self.creates.append(ProbeCreate(key, started, answered))
+                self.creates.append(ProbeCreate(key, started, answered, status, answered_at))
 
     def settle(self, *, timeout: float = 90.0, parallel: int = 8) -> dict[str, int]:
         """Give every probe key a definitive state: processed, or fenced by abort (``parallel``

@@ -305,6 +305,10 @@ class Result:
                 "probe creates answered / exempt from the event check",
                 f"{self.lake.probe_answered} / {self.lake.probe_exempt}",
             ),
+            (
+                "… exempt as answered 503 while storage was down / of them not logged",
+                f"{self.lake.probe_down_503} / {self.lake.probe_down_503_unlogged}",
+            ),
             ("journal failures on terminals (kind: count)", self._journal_failures()),
             ("payments reported between a dump and its restore", str(self.restored_away)),
             (
@@ -520,8 +524,10 @@ INVARIANT_NOTES = [
     "- *request events … lake*: issue 22, after the final export every request event in the",
     "  database is in the lake exactly once and no event id twice; every create the probe",
     "  got an answer to is logged exactly once, except creates answered in the 5 s before a",
-    "  worker SIGKILL (its unflushed events: the one documented loss) and between a dump and",
-    "  its restore (the restore takes them back).",
+    "  worker SIGKILL (its unflushed events: the one documented loss), between a dump and",
+    "  its restore (the restore takes them back), and creates answered 503 while PostgreSQL",
+    "  was down (a worker whose cached API key had expired refuses them before it knows the",
+    "  merchant, and an event has no row without one; counted in the Traffic table).",
     "- *offline: …*: issue 16, contract §4.12 and §8, over every journal and the database:",
     "  every payment sold offline (a journal entry holding an advice) ends forwarded —",
     "  exactly one transaction, with the journal's status and `offline = true` — or refused",

@@ -150,14 +150,15 @@ LONG_COUNTS = {
 RECOVER_TIMEOUT_S = 90.0
 JOURNAL_FULL_BYTES = 4096  # RLIMIT_FSIZE: every journal write past the first page fails
 RESTORE_FLUSH_MARGIN_S = 1.0  # events answered just before a dump, flushed after it
-SIGKILL_EVENT_LOSS_S = 5.0  # a SIGKILLed worker's unflushed events: creates this long before
+SIGKILL_EVENT_LOSS_S = 5.0  # a SIGKILLed worker's unflushed events: answered this long before
 
 
 def event_loss_windows(
     faults: list[Fault], restores: list[tuple[float, float]]
 ) -> list[tuple[float, float]]:
-    """When an answered create's request event may be lost, as documented (docs/analytics.md):
-    a SIGKILLed worker's unflushed events — those of the last ``SIGKILL_EVENT_LOSS_S``, or
+    """When an answered create's request event may be lost, as documented (docs/analytics.md),
+    read on the time the create was answered (its event is queued then): a SIGKILLed
+    worker's unflushed events — those of the last ``SIGKILL_EVENT_LOSS_S``, or
     since the start of a storage outage the kill followed closely (the writer holds events
     while it cannot flush) — and whatever a restore takes back, from a flush interval's
     margin before the dump to the API's stop."""
@@ -175,6 +176,20 @@ def event_loss_windows(
         windows.append((start, kill + 0.5))
     windows += [(dumped - RESTORE_FLUSH_MARGIN_S, stopped) for dumped, stopped in restores]
     return windows
+
+
+STORAGE_DOWN_MARGIN_S = 1.0  # a create sent just before a crash may meet it on the server
+
+
+def storage_down_windows(faults: list[Fault]) -> list[tuple[float, float]]:
+    """When the API's database was unreachable (``_chaos_lake``: a create answered 503 then
+    may have been refused before its merchant was known, and has no request event): from
+    each Postgres crash until the probe's first success after it (or its restart)."""
+    return [
+        (f.injected - STORAGE_DOWN_MARGIN_S, f.recovered or f.healed or time.monotonic())
+        for f in faults
+        if f.kind == "postgres_restart" and f.injected
+    ]
 
 
 @dataclass
@@ -771,6 +786,7 @@ class Harness:
                 if timeline.expired():
                     self._overran("the final export")
         with timeline.phase("checks"):
+            _write_probe_log(run, self.root / "probe-creates.tsv")
             result = self._check(run, keys, ids, proxy_stats, probe_outcome, drained, argv)
         report.show(result)
         if args.report:
@@ -823,6 +839,8 @@ class Harness:
                 probe_merchant=keys[PROBE][0],
                 probe_creates=run.probe.creates,
                 exempt_windows=event_loss_windows(run.faults, run.restores),
+                storage_down=storage_down_windows(run.faults),
+                origin=run.started,
             ),
             timeline,
             "the lake's request-event check",
@@ -965,6 +983,23 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
         code = 128 + exc.signum
     return code
+
+
+def _write_probe_log(run: Run, path: Path) -> None:
+    """Every probe create and every fault, in seconds from the fleet's start (for a kept
+    run's folder: which create was answered when, next to what was injected when)."""
+    lines = ["what\tat_s\tkey_or_kind\tstatus\tanswered_after_s_or_detail"]
+    for fault in run.faults:
+        if fault.injected:
+            at = fault.injected - run.started
+            lines.append(f"fault\t{at:.3f}\t{fault.kind}\t\t{fault.detail}")
+    for dumped, stopped in run.restores:
+        lines.append(f"restore\t{dumped - run.started:.3f}\tdumped\t\t{stopped - run.started:.3f}")
+    for c in run.probe.creates:
+        after = "" if c.answered_at is None else f"{c.answered_at - c.at:.3f}"
+        lines.append(f"probe\t{c.at - run.started:.3f}\t{c.key}\t{c.status or ''}\t{after}")
+    with contextlib.suppress(OSError):
+        path.write_text("\n".join(lines) + "\n")
 
 
 def _cleanup(harness: Harness, root: Path, *, keep: bool) -> None:
