@@ -12,7 +12,9 @@ now is 409 ``request_in_progress`` (``Retry-After``; ``Idempotency-Status: in_pr
 storage unavailable is 503; a lock wait that ran out is neither a bug nor "nothing stored
 under the key" for certain (the holder may commit it). Seen on d3dafde with the database's
 ``lock_timeout = '2s'``: 500 ``internal_error`` at 2.5 s (group commit) and at 2.0 s with
-``IDEMPAY_PG_GROUP_COMMIT=false``.
+``IDEMPAY_PG_GROUP_COMMIT=false``. With the lock-wait work under way in the shared
+checkout (uncommitted at 04:58 UTC: the one-statement CREATE gets a lock wait of its own and
+a held key is answered in doubt) this test XPASSes: flip it to a plain test when that lands.
 
 Real server (one worker), private Postgres database (its own ``ALTER DATABASE``; dropped
 with it); the holder is a plain transaction with an uncommitted row of the key.

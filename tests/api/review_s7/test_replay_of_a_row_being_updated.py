@@ -15,10 +15,9 @@ without waiting); ``not_found`` tells the terminal nothing was processed under t
 answer committed. Not the known "503 yet commits later" (review gc): nothing is written
 here, the answer itself is wrong. Seen on d3dafde: 503 at 30.5 s, ``Idempotency-Status:
 not_found``, ``Retry-After: 1``; with ``IDEMPAY_PG_GROUP_COMMIT=false`` the same 503 at
-30.0 s. Overlaps the command_timeout work under way (review gc): with the uncommitted
-pg_group.py of the shared checkout at 04:46 UTC (``after_timeout`` reads the keys after the
-timeout) this test XPASSed — the replay answered after the timeout; flip it to a plain test
-when that lands.
+30.0 s. Overlaps the command_timeout / lock-wait work under way in the shared checkout
+(uncommitted): with it at 04:46 UTC this test XPASSed (the replay after the timeout), with
+it at 04:59 UTC it still failed — 409 ``request_in_progress`` after 1.0 s, not the replay.
 
 Real server (one worker), private Postgres database.
 """
