@@ -19,17 +19,22 @@ if TYPE_CHECKING:  # the unit lane never starts a server: these load only in the
     from tests.support.services import Server
 
 
-@pytest.fixture(scope="module")
+# One server per backend for the whole run, not one per module: a server start costs seconds
+# on a loaded two-core machine, and these servers run the suite's default settings on the
+# session's shared databases anyway. Every test here makes a merchant of its own (nothing a
+# server keeps in memory is shared across merchants) and none stops or restarts these; a
+# test that needs other settings, or a database of its own, starts its own server.
+@pytest.fixture(scope="session")
 def server(backend: Backend) -> Iterator[Server]:
-    """The real server (a uvicorn process), on each backend in turn, for a module's tests."""
+    """The real server (a uvicorn process), on each backend in turn, for the run's tests."""
     running = backend.server()
     yield running
     running.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pg_server(pg_backend: Backend) -> Iterator[Server]:
-    """The real server on Postgres only, for a module's tests."""
+    """The real server on Postgres only, for the run's tests."""
     running = pg_backend.server()
     yield running
     running.stop()
