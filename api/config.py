@@ -13,6 +13,9 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE_DIR = Path("var")
+# The embedded SQLite's GIL switch interval (docs/benchmarks.md, "Session 7": three paired
+# runs against Python's 5 ms, SQLite creates/s x1.26, x1.19, x1.00 at ~3 % more CPU).
+SQLITE_SWITCH_INTERVAL = 0.0005
 _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd])?")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 
@@ -124,6 +127,26 @@ class Settings(BaseSettings):
         description="Seconds a client has from the end of its headers to the end of its request"
         " body; then 408 `request_timeout` and nothing is processed.",
     )
+    gc_freeze: bool = Field(
+        default=True,
+        description="After start-up, collect the young generations and move every object alive"
+        " then into Python's permanent generation (gc.freeze): full collections under load"
+        " no longer walk the imported modules and the app (their pauses were the server's"
+        " longest).",
+    )
+    gc_threshold: str = Field(
+        default="",
+        description="gc.set_threshold at start-up, e.g. 700,10,10 (1 to 3 integers >= 0);"
+        " empty keeps Python's.",
+    )
+    switch_interval: float | None = Field(
+        default=None,
+        ge=0,
+        description="sys.setswitchinterval at start-up (s): how long a thread waiting for the"
+        " GIL lets the holder run before it asks for it. Unset: 0.0005 on the embedded SQLite"
+        " (its writer thread and the event loop hand the GIL to each other at every"
+        " statement), Python's own (0.005) on Postgres; 0 keeps Python's.",
+    )
     log_level: str = Field(default="INFO", description="structlog level.")
     log_json: bool = Field(default=True, description="JSON logs (false: console renderer).")
 
@@ -140,6 +163,26 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.resolved_database_url.startswith("sqlite")
+
+    @property
+    def resolved_switch_interval(self) -> float:
+        """The interval to set at start-up; 0: leave Python's."""
+        if self.switch_interval is None:
+            return SQLITE_SWITCH_INTERVAL if self.is_sqlite else 0.0
+        return self.switch_interval
+
+    @property
+    def gc_thresholds(self) -> tuple[int, ...]:
+        """``gc_threshold`` as ``gc.set_threshold``'s arguments (empty: keep Python's)."""
+        return tuple(int(part) for part in self.gc_threshold.split(",") if part.strip())
+
+    @field_validator("gc_threshold")
+    @classmethod
+    def _check_threshold(cls, value: str) -> str:
+        parts = [part.strip() for part in value.split(",") if part.strip()]
+        if len(parts) > 3 or not all(part.isdigit() for part in parts):
+            raise ValueError("expected up to three integers >= 0, e.g. 700,10,10")
+        return ",".join(parts)
 
     @field_validator("tombstone_retention", "clock_skew_tolerance", mode="before")
     @classmethod

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -249,6 +251,29 @@ def _close_waiters_on_exit_signal(waiters: Waiters) -> None:
             signal.signal(sig, handler)
 
 
+def settle_heap(settings: Settings) -> bool:
+    """Start-up interpreter settings (``IDEMPAY_GC_THRESHOLD``, ``IDEMPAY_SWITCH_INTERVAL``,
+    ``IDEMPAY_GC_FREEZE``): set the thresholds and the GIL switch interval, then freeze what
+    is alive — the imported modules, the app, the context — so a full collection under load
+    walks only the objects made since, not the whole start-up heap (~136,000 objects: a full
+    collection paused the event loop 100–600 ms under load, docs/benchmarks.md, "Session
+    7"). The young generations are collected first; a full collection is not (it costs as
+    much as the pause it avoids, at every start — a test process starts many apps), so
+    start-up garbage already in the oldest generation stays, frozen, for the process's
+    life: bounded, once. Returns whether it froze; the lifespan unfreezes at shutdown (an
+    app started again in the same process, as the tests do, leaves nothing behind in the
+    permanent generation)."""
+    if settings.gc_thresholds:
+        gc.set_threshold(*settings.gc_thresholds)
+    if settings.resolved_switch_interval:
+        sys.setswitchinterval(settings.resolved_switch_interval)
+    if not settings.gc_freeze:
+        return False
+    gc.collect(1)
+    gc.freeze()
+    return True
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings)
@@ -266,9 +291,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tasks.append(asyncio.create_task(_purge_forever(ctx), name="retention"))
         tasks.append(asyncio.create_task(ctx.waiters.run_forever(), name="waiters"))
         _close_waiters_on_exit_signal(ctx.waiters)
+        interpreter = (gc.get_threshold(), sys.getswitchinterval())
+        frozen = settle_heap(settings)
         try:
             yield
         finally:
+            if frozen:
+                gc.unfreeze()
+            gc.set_threshold(*interpreter[0])  # as before the start (a test process goes on)
+            sys.setswitchinterval(interpreter[1])
             ctx.waiters.close()
             for task in tasks:
                 task.cancel()

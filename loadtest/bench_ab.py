@@ -14,6 +14,8 @@ database, migrated by this tree (the schema is the same unless the change adds a
 migration). The bench's closed-loop generator drives them in alternating rounds (A B, then
 B A). Per round and server: requests per second, p99, and server CPU µs per request from
 ``/proc``; the figures printed are the medians of the per-round paired ratios (new ÷ base).
+``--base-tree`` measures a checkout as the base (no worktree); with ``--base-env`` /
+``--new-env`` the same tree can be compared against itself under two settings.
 CPU per request is the steadier figure: throughput also moves with what the other sessions
 run on the same cores.
 """
@@ -93,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
         default=ROOT,
         help="the checkout to measure (default: this working tree)",
     )
+    parser.add_argument(
+        "--base-tree",
+        type=Path,
+        help="measure this checkout as the base instead of a worktree of --base",
+    )
+    parser.add_argument(
+        "--base-env", nargs="*", default=[], help="K=V over the base server's environment"
+    )
+    parser.add_argument(
+        "--new-env", nargs="*", default=[], help="K=V over the new server's environment"
+    )
     parser.add_argument("--scenarios", nargs="+", default=["create", "replay", "lookup"])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -104,17 +117,24 @@ def main(argv: list[str] | None = None) -> int:
     rev = subprocess.run(
         ["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    say(f"base {args.base} ({rev}) against {args.new_tree}, {args.backend}")
+    if args.base_tree is not None:
+        rev = f"{args.base_tree}"
+    extra = {
+        "base": dict(item.split("=", 1) for item in args.base_env),
+        "new": dict(item.split("=", 1) for item in args.new_env),
+    }
+    say(f"base {args.base} ({rev}) {extra['base']} against {args.new_tree} {extra['new']},"
+        f" {args.backend}")  # fmt: skip
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="idempay-ab-") as tmp:
         workdir = Path(tmp)
-        tree = _worktree(args.base, workdir / "base")
+        tree = args.base_tree or _worktree(args.base, workdir / "base")
         databases: list[str] = []
         servers: dict[str, Server] = {}
         keys: dict[str, str] = {}
         try:
             for name, root in (("base", tree), ("new", args.new_tree)):
-                env: dict[str, str] = {}
+                env: dict[str, str] = dict(extra[name])
                 if args.backend == "postgres":
                     database = create_database()
                     databases.append(database)
@@ -167,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop()
             for database in databases:
                 drop_database(database)
-            _remove_worktree(tree)
+            if args.base_tree is None:
+                _remove_worktree(tree)
     summary = _summary(rounds, args.scenarios, args.rounds)
     say(f"\nnew ÷ base ({args.base} = {rev}), medians of per-round pairs:")
     for scenario, figures in summary.items():

@@ -150,15 +150,70 @@ def statements(rows: InlineCreate) -> Statements:
     return out
 
 
-def connect(path: str, *, read_only: bool = False) -> sqlite3.Connection:
+# The writer's and the reader's page cache (KiB; SQLite's default is 2 MiB): the creates'
+# keys are random UUIDs, so every batch touches a leaf page per index all over each B-tree;
+# with 2 MiB those pages are read back from the OS for every batch once the tables outgrow
+# it (measured, 30,000 creates in: writer CPU per create 140 → 100 µs for the statements).
+CACHE_KIB = 64 * 1024
+# WAL pages past which the writer itself checkpoints after a commit: a backstop only. The
+# checkpointer thread (``_Checkpointer``) copies the WAL back every CHECKPOINT_INTERVAL
+# seconds on its own connection (PASSIVE: never takes the write lock, never waits), so the
+# batch whose commit crossed SQLite's default 1,000 pages no longer carries a checkpoint —
+# the database file's writes and fsync — before its creates are answered.
+WAL_BACKSTOP_PAGES = 20_000
+CHECKPOINT_INTERVAL = 0.2
+
+
+def connect(
+    path: str, *, read_only: bool = False, autocheckpoint: int | None = None
+) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
     db.execute("PRAGMA busy_timeout=30000")
     db.execute("PRAGMA foreign_keys=ON")
+    db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+    if autocheckpoint is not None:
+        db.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint}")
     if read_only:
         db.execute("PRAGMA query_only=ON")
     return db
+
+
+class _Checkpointer:
+    """A thread that runs ``PRAGMA wal_checkpoint(PASSIVE)`` every ``interval`` seconds on
+    a connection of its own: it copies committed WAL frames into the database file (and
+    fsyncs it, ``synchronous=FULL``) beside the writer instead of inside a batch's commit.
+    Durability does not move: a commit is durable once its WAL frames are fsynced, before
+    anyone is answered; a checkpoint only moves durable pages. A failing checkpoint is
+    tried again at the next tick (the writer's backstop, ``WAL_BACKSTOP_PAGES``, still
+    bounds the WAL)."""
+
+    def __init__(self, path: str, interval: float = CHECKPOINT_INTERVAL) -> None:
+        self._path = path
+        self._interval = interval
+        self._stop = threading.Event()
+        self.runs = 0
+        self._thread = threading.Thread(
+            target=self._loop, name="idempay-sqlite-checkpointer", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self) -> None:
+        db: sqlite3.Connection | None = None
+        while not self._stop.wait(self._interval):
+            try:
+                db = db or connect(self._path)
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                self.runs += 1
+            except sqlite3.Error:
+                continue
+        if db is not None:
+            db.close()
+
+    async def close(self) -> None:
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 30)
 
 
 def _apply(db: sqlite3.Connection, work: Statements | GuardedWork) -> Any:
@@ -310,10 +365,15 @@ def _read_batch(db: sqlite3.Connection, jobs: list[tuple[str, tuple[str, str]]])
 class SqliteInline:
     def __init__(self, path: str) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.writer = _Worker("idempay-sqlite-writer", lambda: connect(path), _write_batch)
+        self.writer = _Worker(
+            "idempay-sqlite-writer",
+            lambda: connect(path, autocheckpoint=WAL_BACKSTOP_PAGES),
+            _write_batch,
+        )
         self.reader = _Worker(
             "idempay-sqlite-reader", lambda: connect(path, read_only=True), _read_batch
         )
+        self.checkpointer = _Checkpointer(path)
 
     async def create(
         self, rows: InlineCreate, guard: Guard | None = None
@@ -364,6 +424,7 @@ class SqliteInline:
     async def close(self) -> None:
         await self.writer.close()
         await self.reader.close()
+        await self.checkpointer.close()
 
 
 def _transaction(row: tuple[Any, ...] | None) -> StoredTransaction | None:
