@@ -4,7 +4,7 @@ batch behind the first batch's uncommitted insert of it: the other worker writes
 first one's re-send (alone) finds it — one transaction, exactly one caller answered 201
 ``created`` and the other the replay of the identical body (contract §2, §3.2); the creates
 batched with them are answered in about a second; the held keys are written once their
-holder is gone.
+holder is gone, or answered 409 (in progress), never 5xx.
 
 Two servers (one worker each) on one private Postgres database, so each request's worker is
 known. The holder is a plain transaction with uncommitted rows of three keys: two park
@@ -126,5 +126,5 @@ def test_rolled_back_batch_and_the_other_workers_batch_share_a_key(
     assert on_one.headers.get("Idempotent-Replayed") == "true"
     assert on_one.content == on_two.content
     assert [r.status_code for r in fresh] == [201]
-    assert held_answers == [201, 201, 201]
+    assert set(held_answers) <= {201, 409}, held_answers  # written after the holder, or 409
     assert backend.sql('SELECT count(*) FROM "transaction" WHERE id = :k', k=shared) == [(1,)]

@@ -15,6 +15,9 @@ has connections. Not group commit's own: this test with ``IDEMPAY_PG_GROUP_COMMI
 key takes one more connection; with group commit (by pg_group's code) a key's retries wait
 in the queue behind its first.
 Seen on d3dafde: the unrelated create answered 503 after 1.01 s (``IDEMPAY_DB_TIMEOUT=1``).
+With the lock-wait work under way in the shared checkout (uncommitted at 05:03 UTC: the
+one-statement CREATE gets a lock wait of its own, a held key is answered 409) this test
+XPASSes: flip it to a plain test when that lands.
 
 Real server (one worker), private Postgres database; the lock holders are plain
 transactions holding an uncommitted row of their key (an operator's open transaction, a
@@ -87,12 +90,14 @@ def test_unrelated_create_is_served_while_held_keys_wait(private_pg_backend: Bac
                 parked = [
                     asyncio.create_task(post(api_key, key, 100 + n)) for n, key in enumerate(held)
                 ]
-                for _ in range(400):  # each held key's own statement waits on its holder
-                    if await admin.fetchval(WAITING) >= len(held):
+                # each held key's own statement waits on its holder (on d3dafde within ~1 s);
+                # a server that answers them instead (409) without waiting lets this go on
+                for _ in range(250):
+                    if await admin.fetchval(WAITING) >= len(held) or all(
+                        task.done() for task in parked
+                    ):
                         break
                     await asyncio.sleep(0.02)
-                else:
-                    raise AssertionError("the held keys' statements are not all waiting")
                 started = time.monotonic()
                 unrelated = await post(other_key, str(uuid.uuid4()), 999)
                 waited = time.monotonic() - started
@@ -109,7 +114,7 @@ def test_unrelated_create_is_served_while_held_keys_wait(private_pg_backend: Bac
             await admin.close()
 
     status, waited, held_answers = asyncio.run(run())
-    # the held keys were never processed by anyone else: once their holders rolled back
-    # they are written (201)
-    assert held_answers == [201] * len(held)
+    # the held keys' own creates: written once their holders rolled back (201), or answered
+    # in progress (409) — never 5xx for a key another transaction holds
+    assert set(held_answers) <= {201, 409}, held_answers
     assert (status, waited < 2.0) == (201, True), (status, waited)
