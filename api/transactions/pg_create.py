@@ -53,18 +53,22 @@ from api.transactions.inline import (
     StoredTransaction,
 )
 from api.transactions.pg_group import (
+    LOCK_WAIT,
     GroupCommit,
     StatementTimedOut,
     after_timeout,
     create_args,
+    held_elsewhere,
     run,
 )
 
 CREATE = """
-WITH k AS (
+WITH lw AS (
+  SELECT set_config('lock_timeout', $29, true)
+), k AS (
   INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token,
     terminal_id, response_status, response_body, created_at, updated_at)
-  VALUES ($1, $2, 'completed', $3, 1, $4, 201, $5, $6, $6)
+  SELECT $1, $2, 'completed', $3, 1, $4, 201, $5, $6, $6 FROM lw
   ON CONFLICT DO NOTHING RETURNING key
 ), i AS (
   INSERT INTO issuer_authorization (merchant_id, issuer_key, result, decline_reason,
@@ -98,10 +102,13 @@ LEFT JOIN idempotency_key AS r ON r.merchant_id = $1 AND r.key = $2
 # racing create of the same sale is committed and seen, or waits for us — and ``k`` inserts
 # the key only when the check found nothing or the cashier allowed it ($32); ``t`` records
 # the override; the last column is the suspect's id. A key that exists still answers from
-# ``r`` (a replay is never refused). $29/$30: the window's bounds; $31: the lock.
+# ``r`` (a replay is never refused). $29/$30: the window's bounds; $31: the lock; $33: the
+# lock wait bound (``lw``, as in ``CREATE``).
 CREATE_GUARDED = """
-WITH g AS (
-  SELECT idempay_duplicate_of($1, $4, $16, $11, $12, $29, $30, $2, $31) AS id
+WITH lw AS (
+  SELECT set_config('lock_timeout', $33, true)
+), g AS (
+  SELECT idempay_duplicate_of($1, $4, $16, $11, $12, $29, $30, $2, $31) AS id FROM lw
 ), k AS (
   INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token,
     terminal_id, response_status, response_body, created_at, updated_at)
@@ -157,6 +164,9 @@ class PgInline:
     def __init__(self, pool: DriverPool, *, citus: bool, group_commit: bool = False) -> None:
         self.pool = pool
         self.citus = citus
+        # ``lock_timeout`` of a create's own statement (``pg_group.LOCK_WAIT``): past it, a
+        # key another transaction holds is answered 409 (``held_elsewhere``).
+        self.lock_wait = LOCK_WAIT
         # ``IDEMPAY_PG_GROUP_COMMIT``: unguarded creates queued and written many to a
         # statement (api/transactions/pg_group.py); a failed batch falls back to this path.
         self.group = (
@@ -180,16 +190,27 @@ class PgInline:
             return await self.group.create(rows)  # many creates per statement (pg_group)
         txn = rows.txn
         args: tuple[Any, ...]
-        statement, args = CREATE, create_args(rows, utcnow())
+        args = create_args(rows, utcnow())
+        statement, args = CREATE, (*args, self.lock_wait)
         if guard is not None:  # the duplicate guard's check, inside the same statement
             since, until = guard.bounds(txn.created_at)
-            statement, args = CREATE_GUARDED, (*args, since, until, guard.lock, guard.allow)
+            statement = CREATE_GUARDED
+            args = (*args[:-1], since, until, guard.lock, guard.allow, self.lock_wait)
         try:
             row = await self._call("fetchrow", statement, *args)
         except asyncpg.UniqueViolationError:
             # Not the key (its conflict writes nothing): an issuer record left by a purged
             # tombstone's void. The general path answers from the simulator's record.
             return False
+        except asyncpg.LockNotAvailableError:
+            # Past ``LOCK_WAIT`` on a lock another transaction holds — its uncommitted row of
+            # this key (a stuck writer, an operator's open transaction), or the guard's lock
+            # of this sale: rolled back, nothing written. The key is being processed
+            # elsewhere: 409 ``request_in_progress`` with ``Retry-After`` (a retry replays
+            # what the holder commits, or writes if it rolls back), instead of holding one
+            # of the hot path's connections until ``command_timeout`` — a handful of such
+            # keys held every connection and answered unrelated creates 503 (review s7).
+            return held_elsewhere(rows)
         except StatementTimedOut as exc:  # ended or in doubt: answered from its key, or 409
             (answer,) = await after_timeout(self.pool, [rows], ended=exc.ended)
             if isinstance(answer, StorageUnavailableError):

@@ -49,7 +49,9 @@ committed after the snapshot; the caller reads the key).
   its batch until that commits; ``writers`` (2 by default, never more than the pool's
   connections) lets the next batch go meanwhile, and past ``lock_wait`` (500 ms) the batch
   gives up (``lock_timeout``, a statement error): one statement per create, so only the
-  contended key keeps waiting.
+  contended key waits on — at most ``LOCK_WAIT`` again, then it is answered 409
+  ``request_in_progress`` (``held_elsewhere``): nothing of it was written, another
+  transaction holds its key.
 - **Cancellation.** The statement runs in the writer task, never in a caller's: a caller
   cancelled (a client gone) drops only its own answer. A create whose caller gave up before
   its batch was taken is not sent.
@@ -149,6 +151,13 @@ CAP = 64  # creates per statement at most
 # other workers sharing a key commit in milliseconds; a longer wait is a stuck transaction,
 # which would otherwise hold up to ``CAP`` unrelated creates until ``command_timeout`` (503).
 LOCK_WAIT = "500ms"
+# A create sent alone (``PgInline.create``: its batch failed, or no group commit) waits on a
+# holder of its key at most ``LOCK_WAIT`` too, then answers 409 ``request_in_progress``
+# (``held_elsewhere``): a stuck holder never keeps a hot-path connection longer, so a handful
+# of held keys cannot take every connection from unrelated creates (review s7), and no create
+# still waits on a lock when SIGTERM's grace ends. The in-flight answer's lease: a retry
+# after it finds the holder's outcome.
+HELD_RETRY_S = 1.0
 
 Answer = KeyRecord | bool
 Single = Callable[[InlineCreate], Awaitable[KeyRecord | bool | DuplicateOf]]
@@ -226,6 +235,13 @@ async def _settle(pool: DriverPool, conn: Any) -> bool:
         raise
     pool.release(conn)
     return True
+
+
+def held_elsewhere(rows: InlineCreate) -> KeyRecord:
+    """The answer for a create whose own statement gave up waiting on a lock another
+    transaction holds (``lock_timeout``, ``LOCK_WAIT``; rolled back, nothing written): its
+    key as in flight — 409 ``request_in_progress``, ``Retry-After`` (contract §2.2)."""
+    return in_doubt(rows, HELD_RETRY_S)
 
 
 def in_doubt(rows: InlineCreate, seconds: float) -> KeyRecord:

@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from api.config import Settings
+from api.transactions.pg_group import LOCK_WAIT
 from tests.api.guard.conftest import Merchant, new_key
 from tests.api.guard.test_guard import OVERRIDE
 from tests.support.client import body
@@ -30,6 +31,10 @@ async def test_a_later_attempt_of_a_key_committed_under_it_replays(
     merchant = await guarded.merchant_id()
     dsn = guard_settings.database_url.replace("postgresql+asyncpg://", "postgresql://")
     blocker = await asyncpg.connect(dsn)
+    # the attempts wait on the blocker longer than a create's own lock wait (500 ms, then 409
+    # ``request_in_progress``): this test is about what they answer once it is gone
+    inline = guarded.app.state.ctx.service.inline
+    inline.lock_wait = "10s"
     try:
         holding = blocker.transaction()
         await holding.start()  # an uncommitted row of the key: attempt a parks on it
@@ -46,6 +51,7 @@ async def test_a_later_attempt_of_a_key_committed_under_it_replays(
         await holding.rollback()
         a, b = await attempt_a, await attempt_b
     finally:
+        inline.lock_wait = LOCK_WAIT
         await blocker.close()
     assert a.status_code == 201, a.text
     assert b.status_code == 201, b.text  # before: 409 suspected_duplicate

@@ -9,7 +9,9 @@ Not payment-visible (a 503 stores nothing and the retry writes it), but one lock
 into 503s for up to 63 other payments of its batch, and every one of them waits the full
 timeout first. In-process, on a private Postgres database, with the server's own batcher.
 
-Failed on dea15b0; passes since 7a5e65f (kept to guard the fix).
+Failed on dea15b0; passes since 7a5e65f (kept to guard the fix). Since session 7 the parked
+key itself is answered in flight (409, ``pg_group.held_elsewhere``) once its own statement
+has waited ``LOCK_WAIT`` alone, instead of 503 at ``command_timeout``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import pytest
 from api.context import AppContext
 from api.db import DriverPool, utcnow
 from api.idempotency.keys import body_fingerprint
+from api.idempotency.store import PROCESSING, KeyRecord
 from api.main import build_context
 from api.transactions import inline
-from api.transactions.inline import InlineCreate, StorageUnavailableError
+from api.transactions.inline import InlineCreate
 from api.transactions.pg_create import PgInline
 from api.transactions.pg_group import GroupCommit
 from api.transactions.schemas import TransactionCreate
@@ -81,5 +84,7 @@ async def test_an_unrelated_create_in_a_parked_batch_is_written(
         await holder.close()
         await group.close()
         await pool.close()
-    assert isinstance(answers[0], StorageUnavailableError)  # the parked key: as alone
+    # the parked key: alone, past its own lock wait, answered in flight (409, nothing written)
+    assert isinstance(answers[0], KeyRecord), answers[0]
+    assert answers[0].state == PROCESSING and answers[0].lease_token == 0
     assert answers[1] is True, answers[1]  # the unrelated create: written, as alone
