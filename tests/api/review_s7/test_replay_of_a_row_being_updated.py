@@ -3,21 +3,20 @@ completed key whose row another transaction is updating (an operator's open ``BE
 UPDATE idempotency_key …``, a backfill migration's transaction during a rolling deploy)
 waits on that transaction — ``ON CONFLICT DO NOTHING`` waits for an in-progress updater of
 the conflicting row (not for a ``FOR UPDATE`` locker: test_batches_share_keys) — first in its
-batch (500 ms, then the batch falls back), then alone with no lock wait bound, until asyncpg's
-``command_timeout`` (30 s): answered 503 ``service_unavailable`` "Storage unavailable;
-nothing was processed" with ``Idempotency-Status: not_found``.
+batch (500 ms, then the batch falls back), then alone.
 
 Contract §2: same key, same payload, already processed → 201 with
-``Idempotent-Replayed: true`` and the identical body; 503 is "storage down" (storage is up:
-the creates batched with it are answered 201 in ~0.5 s, and the stored answer is readable
-without waiting); ``not_found`` tells the terminal nothing was processed under the key
-(the lookup table's "resending is safe"), which is untrue: the key was processed and its
-answer committed. Not the known "503 yet commits later" (review gc): nothing is written
-here, the answer itself is wrong. Seen on d3dafde: 503 at 30.5 s, ``Idempotency-Status:
-not_found``, ``Retry-After: 1``; with ``IDEMPAY_PG_GROUP_COMMIT=false`` the same 503 at
-30.0 s. Overlaps the command_timeout / lock-wait work under way in the shared checkout
-(uncommitted): with it at 04:46 UTC this test XPASSed (the replay after the timeout), with
-it at 04:59 UTC it still failed — 409 ``request_in_progress`` after 1.0 s, not the replay.
+``Idempotent-Replayed: true`` and the identical body (the stored answer is readable without
+waiting); never 503 (storage is up: the creates batched with it are answered 201 in
+~0.5 s), nor ``Idempotency-Status: not_found`` / 409 ``request_in_progress`` for a key
+whose answer is committed.
+
+Failed on d3dafde: 503 "Storage unavailable; nothing was processed" at 30.5 s (asyncpg's
+``command_timeout``) with ``Idempotency-Status: not_found`` (30.0 s with
+``IDEMPAY_PG_GROUP_COMMIT=false``). Passes on 181d98c (594d7b4/b8e38b7: after the timeout
+the keys are read and the replay is answered, ~30 s). The uncommitted lock-wait work in the
+shared checkout at 04:59 UTC answered it 409 ``request_in_progress`` after 1.0 s instead of
+the replay: this test fails there.
 
 Real server (one worker), private Postgres database.
 """
@@ -39,11 +38,6 @@ from tests.support.client import body
 pytestmark = pytest.mark.server
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s7: the replay of a completed key whose row another transaction updates"
-    " waits command_timeout (30 s) and is answered 503 with Idempotency-Status not_found",
-)
 def test_replay_while_another_transaction_updates_the_key_row(
     private_pg_backend: Backend,
 ) -> None:

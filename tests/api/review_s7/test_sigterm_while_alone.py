@@ -17,7 +17,10 @@ processed) carries ``Retry-After``. Not group commit's own: this test with
 ``IDEMPAY_PG_GROUP_COMMIT=false`` (one statement per create, waiting on the same holder)
 saw the same bare 500 (d3dafde). Seen on d3dafde: the 500 at ~11.4 s after the create was
 sent (SIGTERM at ~1.2 s), the write at the holder's rollback (~13 s), the process gone
-right after.
+right after. With the lock-wait work under way in the shared checkout (uncommitted at
+05:04 UTC: the held key is answered 409 after a lock wait, before the SIGTERM) this test
+XPASSes — its setup no longer makes a create outlast the grace period;
+test_sigterm_while_a_batch_stalls keeps the same failure without a lock wait.
 
 Real server (one worker), private Postgres database; the holder is a plain transaction with
 an uncommitted row of the key (an operator's open transaction, a stuck writer).
