@@ -1,4 +1,4 @@
-"""Review s7 (Postgres group commit and the one-statement path alike): with a
+"""Review s7 (Postgres group commit and the one-statement path alike; fixed by e4ffda8): with a
 ``lock_timeout`` set on the database (or the role: an operator's safety setting — 7a5e65f
 relies on the pool's connections keeping the server's setting), a create whose key another
 transaction holds past that timeout is answered 500 ``internal_error`` ("Internal error;
@@ -12,9 +12,9 @@ now is 409 ``request_in_progress`` (``Retry-After``; ``Idempotency-Status: in_pr
 storage unavailable is 503; a lock wait that ran out is neither a bug nor "nothing stored
 under the key" for certain (the holder may commit it). Seen on d3dafde with the database's
 ``lock_timeout = '2s'``: 500 ``internal_error`` at 2.5 s (group commit) and at 2.0 s with
-``IDEMPAY_PG_GROUP_COMMIT=false``. With the lock-wait work under way in the shared
-checkout (uncommitted at 04:58 UTC: the one-statement CREATE gets a lock wait of its own and
-a held key is answered in doubt) this test XPASSes: flip it to a plain test when that lands.
+``IDEMPAY_PG_GROUP_COMMIT=false``. Passes since e4ffda8 (the one-statement CREATE has a
+lock wait of its own, 500 ms, shorter than the database's, and a held key is answered 409):
+kept to guard the fix.
 
 Real server (one worker), private Postgres database (its own ``ALTER DATABASE``; dropped
 with it); the holder is a plain transaction with an uncommitted row of the key.
@@ -35,11 +35,6 @@ from tests.support.client import body
 pytestmark = pytest.mark.server
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s7: a key held past the database's lock_timeout is answered 500"
-    " internal_error (LockNotAvailableError counted as a bug), not 409/503",
-)
 def test_key_held_past_the_databases_lock_timeout(private_pg_backend: Backend) -> None:
     backend = private_pg_backend
     assert backend.database_url is not None

@@ -1,5 +1,5 @@
-"""Review s7 (Postgres group commit, def0de0): a key whose batch gave up on another
-transaction's lock is sent again in a statement of its own that waits on that lock — with
+"""Review s7 (Postgres group commit, def0de0; fixed by e4ffda8): a key whose batch gave up
+on another transaction's lock is sent again in a statement of its own that waits on that lock — with
 no lock wait bound — for up to ``command_timeout`` (30 s), holding one of the hot path's
 connections all that time. A handful of such keys (as many as the worker's hot-path
 connections: 6 with ``IDEMPAY_DB_POOL_SIZE=8``, 22 with the default 30) hold every
@@ -15,9 +15,9 @@ has connections. Not group commit's own: this test with ``IDEMPAY_PG_GROUP_COMMI
 key takes one more connection; with group commit (by pg_group's code) a key's retries wait
 in the queue behind its first.
 Seen on d3dafde: the unrelated create answered 503 after 1.01 s (``IDEMPAY_DB_TIMEOUT=1``).
-With the lock-wait work under way in the shared checkout (uncommitted at 05:03 UTC: the
-one-statement CREATE gets a lock wait of its own, a held key is answered 409) this test
-XPASSes: flip it to a plain test when that lands.
+Passes since e4ffda8 (a held key's own statement waits at most 500 ms, then 409): kept
+to guard the fix — the held keys' creates are answered (201 or 409) and the unrelated one 201
+at once.
 
 Real server (one worker), private Postgres database; the lock holders are plain
 transactions holding an uncommitted row of their key (an operator's open transaction, a
@@ -48,11 +48,6 @@ WAITING = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s7: held keys' alone statements hold every hot-path connection; an"
-    " unrelated create is answered 503 while storage is up",
-)
 def test_unrelated_create_is_served_while_held_keys_wait(private_pg_backend: Backend) -> None:
     backend = private_pg_backend
     server = backend.server(IDEMPAY_DB_TIMEOUT="1")

@@ -11,12 +11,14 @@ waiting); never 503 (storage is up: the creates batched with it are answered 201
 ~0.5 s), nor ``Idempotency-Status: not_found`` / 409 ``request_in_progress`` for a key
 whose answer is committed.
 
-Failed on d3dafde: 503 "Storage unavailable; nothing was processed" at 30.5 s (asyncpg's
+On d3dafde: 503 "Storage unavailable; nothing was processed" at 30.5 s (asyncpg's
 ``command_timeout``) with ``Idempotency-Status: not_found`` (30.0 s with
-``IDEMPAY_PG_GROUP_COMMIT=false``). Passes on 181d98c (594d7b4/b8e38b7: after the timeout
-the keys are read and the replay is answered, ~30 s). The uncommitted lock-wait work in the
-shared checkout at 04:59 UTC answered it 409 ``request_in_progress`` after 1.0 s instead of
-the replay: this test fails there.
+``IDEMPAY_PG_GROUP_COMMIT=false``). On 181d98c it passed (594d7b4/b8e38b7: after the timeout
+the keys are read and the replay is answered, ~30 s). Since e4ffda8 (every create's own
+statement waits on a lock at most 500 ms, then 409): 409 ``request_in_progress`` after
+1.0 s — docs/contract.md's decision (f96492d) speaks of a key held by "its uncommitted row";
+this key's row is committed, its answer readable, and SPEC §2 answers a processed key with
+its replay.
 
 Real server (one worker), private Postgres database.
 """
@@ -38,6 +40,11 @@ from tests.support.client import body
 pytestmark = pytest.mark.server
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review s7: the replay of a completed key whose row another transaction updates"
+    " is answered 409 request_in_progress after the 500 ms lock wait (e4ffda8), not the replay",
+)
 def test_replay_while_another_transaction_updates_the_key_row(
     private_pg_backend: Backend,
 ) -> None:

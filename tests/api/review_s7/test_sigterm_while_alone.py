@@ -1,5 +1,5 @@
-"""Review s7 (Postgres group commit, def0de0): SIGTERM while a failed batch's create waits
-alone on its key.
+"""Review s7 (Postgres group commit, def0de0; this setup fixed by e4ffda8): SIGTERM while
+a failed batch's create waits alone on its key.
 
 The create's batch gave up on another transaction's lock of its key (500 ms) and the create
 was sent again in a task of its own (``GroupCommit._answer_one``). On SIGTERM uvicorn waits
@@ -17,10 +17,10 @@ processed) carries ``Retry-After``. Not group commit's own: this test with
 ``IDEMPAY_PG_GROUP_COMMIT=false`` (one statement per create, waiting on the same holder)
 saw the same bare 500 (d3dafde). Seen on d3dafde: the 500 at ~11.4 s after the create was
 sent (SIGTERM at ~1.2 s), the write at the holder's rollback (~13 s), the process gone
-right after. With the lock-wait work under way in the shared checkout (uncommitted at
-05:04 UTC: the held key is answered 409 after a lock wait, before the SIGTERM) this test
-XPASSes — its setup no longer makes a create outlast the grace period;
-test_sigterm_while_a_batch_stalls keeps the same failure without a lock wait.
+right after. Passes since e4ffda8: the held key's create is answered 409 ``request_in_progress``
+(problem+json, ``Retry-After``) after 500 ms, before the SIGTERM — no create outlasts the
+grace period here; kept to guard that. test_sigterm_while_a_batch_stalls keeps the same
+failure without a lock wait (xfail).
 
 Real server (one worker), private Postgres database; the holder is a plain transaction with
 an uncommitted row of the key (an operator's open transaction, a stuck writer).
@@ -50,11 +50,6 @@ WAITING = (
 GRACE_S = 10  # api/cli.py: uvicorn's timeout_graceful_shutdown
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s7: SIGTERM while a create waits alone: answered a bare text/plain 500"
-    " (no problem+json, no Idempotency-Status), then written during shutdown",
-)
 def test_create_waiting_alone_at_sigterm_is_answered_per_contract(
     private_pg_backend: Backend,
 ) -> None:
