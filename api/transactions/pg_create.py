@@ -210,7 +210,11 @@ class PgInline:
             # what the holder commits, or writes if it rolls back), instead of holding one
             # of the hot path's connections until ``command_timeout`` — a handful of such
             # keys held every connection and answered unrelated creates 503 (review s7).
-            return held_elsewhere(rows)
+            # A committed key row being updated by another transaction (an operator's UPDATE,
+            # a backfill) blocks the insert's conflict check too, yet its answer is readable
+            # without waiting: a replay, a fence — not an in-flight 409 (review s7).
+            existing = await self.read(txn.merchant_id, txn.id)
+            return existing if existing is not None else held_elsewhere(rows)
         except StatementTimedOut as exc:  # ended or in doubt: answered from its key, or 409
             (answer,) = await after_timeout(self.pool, [rows], ended=exc.ended)
             if isinstance(answer, StorageUnavailableError):

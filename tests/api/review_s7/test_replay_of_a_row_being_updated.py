@@ -40,11 +40,6 @@ from tests.support.client import body
 pytestmark = pytest.mark.server
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s7: the replay of a completed key whose row another transaction updates"
-    " is answered 409 request_in_progress after the 500 ms lock wait (e4ffda8), not the replay",
-)
 def test_replay_while_another_transaction_updates_the_key_row(
     private_pg_backend: Backend,
 ) -> None:
