@@ -123,6 +123,7 @@ def serve(
     """Run the API (applies pending migrations first)."""
     import uvicorn
 
+    from api.main import GRACEFUL_SHUTDOWN_S
     from api.migrate import migrate
     from api.pg_checks import warn_about_postgres
 
@@ -147,7 +148,7 @@ def serve(
         access_log=False,
         log_level="warning",
         timeout_keep_alive=30,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
 
 

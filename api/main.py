@@ -229,13 +229,30 @@ async def _purge_forever(ctx: AppContext) -> None:
 SQLITE_RECHECK_S = 1.0
 
 
-def _close_waiters_on_exit_signal(waiters: Waiters) -> None:
+# uvicorn's ``timeout_graceful_shutdown`` (``idempay serve``): after it, the requests still
+# in flight are cancelled and answered a bare text/plain 500 by uvicorn. A create still
+# waiting on its statement ``EXIT_ANSWER_MARGIN_S`` before that is answered in flight by the
+# app itself (409 problem+json, ``Retry-After``: ``PgInline.answer_in_flight``).
+GRACEFUL_SHUTDOWN_S = 10
+EXIT_ANSWER_MARGIN_S = 3
+
+
+def _close_waiters_on_exit_signal(waiters: Waiters, inline: InlineWriter | None = None) -> None:
     """On SIGTERM/SIGINT, before uvicorn's graceful shutdown waits for the requests in
     flight, requests held by ``Prefer: wait`` answer at once with their last look (they
-    would otherwise hold the shutdown until uvicorn cancels them with a bare 500). The
-    handler uvicorn installed is chained, not replaced; outside the main thread (tests
-    driving the app in process) there is no signal to chain."""
+    would otherwise hold the shutdown until uvicorn cancels them with a bare 500); and
+    ``GRACEFUL_SHUTDOWN_S - EXIT_ANSWER_MARGIN_S`` later, creates whose batch's statement
+    still runs (a stalled commit) are answered in flight (``answer_in_flight``), not left
+    to uvicorn's bare 500. The handler uvicorn installed is chained, not replaced; outside
+    the main thread (tests driving the app in process) there is no signal to chain."""
     loop = asyncio.get_running_loop()
+    answer_in_flight = getattr(inline, "answer_in_flight", None)
+
+    def on_exit() -> None:
+        waiters.close()
+        if answer_in_flight is not None:
+            loop.call_later(GRACEFUL_SHUTDOWN_S - EXIT_ANSWER_MARGIN_S, answer_in_flight)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
         if not callable(previous):
@@ -244,7 +261,7 @@ def _close_waiters_on_exit_signal(waiters: Waiters) -> None:
         def handler(
             signum: int, frame: Any, previous: Callable[[int, Any], Any] = previous
         ) -> None:
-            loop.call_soon_threadsafe(waiters.close)
+            loop.call_soon_threadsafe(on_exit)
             previous(signum, frame)
 
         with contextlib.suppress(ValueError):  # not the main thread
@@ -290,7 +307,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             tasks.append(asyncio.create_task(completer.run_forever(), name="completer"))
         tasks.append(asyncio.create_task(_purge_forever(ctx), name="retention"))
         tasks.append(asyncio.create_task(ctx.waiters.run_forever(), name="waiters"))
-        _close_waiters_on_exit_signal(ctx.waiters)
+        _close_waiters_on_exit_signal(ctx.waiters, ctx.service.inline)
         interpreter = (gc.get_threshold(), sys.getswitchinterval())
         frozen = settle_heap(settings)
         try:

@@ -357,6 +357,7 @@ class GroupCommit:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._alone: set[asyncio.Task[None]] = set()  # a failed batch's creates, one each
+        self._sending: set[_Queued] = set()  # creates whose statement runs now
         self._closing = False
 
     async def create(self, rows: InlineCreate) -> Answer:
@@ -401,6 +402,20 @@ class GroupCommit:
             while self._pending:
                 _fail(self._pending.popleft(), "closed")
 
+    def answer_in_flight(self) -> None:
+        """SIGTERM's grace is ending (``api.main``): a create whose statement still runs (a
+        stalled commit: a synchronous standby, an I/O stall) is answered in flight —
+        ``in_doubt``, 409 ``request_in_progress`` with ``Retry-After``: it may still commit,
+        and the terminal's lookup finds out — instead of the bare text/plain 500 uvicorn
+        answers when the grace ends. A queued create not sent yet is answered 503 and never
+        sent (``_take`` skips answered ones): nothing of it was or will be written. The
+        statements themselves are left to finish (``close`` waits for them)."""
+        for item in list(self._sending):
+            if not item.future.done():
+                item.future.set_result(in_doubt(item.rows, HELD_RETRY_S))
+        for item in self._pending:
+            _fail(item, "shutting down")
+
     def _take(self) -> list[_Queued]:
         batch: list[_Queued] = []
         later: list[_Queued] = []
@@ -437,6 +452,7 @@ class GroupCommit:
 
     async def _write(self, batch: list[_Queued]) -> None:
         """Send the batch; answer every create of it, whatever happens."""
+        self._sending.update(batch)
         try:
             await self._send(batch)
         except Exception as exc:  # a bug: each create fails with it (500), the writer lives
@@ -447,6 +463,8 @@ class GroupCommit:
             for item in batch:
                 _fail(item, "cancelled")
             raise
+        finally:
+            self._sending.difference_update(item for item in batch if not item.alone)
 
     async def _send(self, batch: list[_Queued]) -> None:
         self.batches += 1
@@ -509,6 +527,7 @@ class GroupCommit:
             if not item.future.done():
                 item.future.set_result(result)
         finally:
+            self._sending.discard(item)
             self._in_flight.discard(item.ident)
             self._wake.set()  # a later attempt of this key may go now
 
