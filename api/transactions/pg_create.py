@@ -214,7 +214,15 @@ class PgInline:
             # a backfill) blocks the insert's conflict check too, yet its answer is readable
             # without waiting: a replay, a fence — not an in-flight 409 (review s7).
             existing = await self.read(txn.merchant_id, txn.id)
-            return existing if existing is not None else held_elsewhere(rows)
+            if existing is not None:
+                return existing
+            if guard is not None:
+                # The lock may be the guard's lock of this sale, held by ANOTHER key's create
+                # (stalled): nobody processes this key, and its lookup says 404 — so not
+                # "this key is being processed" (409) but the 503 that matches the lookup:
+                # nothing was processed, retry with the same key (review s7b).
+                raise StorageUnavailableError("lock wait: the guard is held") from None
+            return held_elsewhere(rows)
         except StatementTimedOut as exc:  # ended or in doubt: answered from its key, or 409
             (answer,) = await after_timeout(self.pool, [rows], ended=exc.ended)
             if isinstance(answer, StorageUnavailableError):
