@@ -249,7 +249,10 @@ def _close_waiters_on_exit_signal(waiters: Waiters, inline: InlineWriter | None 
     answer_in_flight = getattr(inline, "answer_in_flight", None)
 
     def on_exit() -> None:
+        if waiters.closing:
+            return  # a second signal: the first one's timers stand
         waiters.close()
+        loop.call_later(GRACEFUL_SHUTDOWN_S - EXIT_ANSWER_MARGIN_S, waiters.pass_exit)
         if answer_in_flight is not None:
             loop.call_later(GRACEFUL_SHUTDOWN_S - EXIT_ANSWER_MARGIN_S, answer_in_flight)
 

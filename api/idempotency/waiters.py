@@ -99,6 +99,10 @@ class Waiters:
         self.recheck_s = recheck_s  # a look at least this often (SQLite: other processes)
         self.closing = False
         self.listening = asyncio.Event()  # the LISTEN connection is up (Postgres)
+        # Set near the end of SIGTERM's grace (api/main.py): a create still waiting on
+        # storage or the issuer is answered in flight then (waiting.before_exit).
+        self.exit_passed = asyncio.Event()
+        self.orphans: set[asyncio.Task[Any]] = set()  # creates answered before they ended
         _HERE.add(self)
 
     @property
@@ -148,6 +152,9 @@ class Waiters:
         for events in self._waiting.values():
             for event in events:
                 event.set()
+
+    def pass_exit(self) -> None:
+        self.exit_passed.set()
 
     def close(self) -> None:
         """The worker is shutting down (SIGTERM): every waiter answers now, with its last

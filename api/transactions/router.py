@@ -182,8 +182,13 @@ async def handle_create(request: Request) -> Response:
         merchant_id, key = call.merchant_id, call.key
         guard_s = principal.duplicate_guard_s  # loaded with the API key: no round trip
 
-        async def again() -> Outcome:
+        async def create() -> Outcome:
             return await ctx.service.create(merchant_id, key, body, digest, guard_s=guard_s)
+
+        async def again() -> Outcome:  # answered in flight if the worker's exit comes first
+            return await waiting.before_exit(
+                ctx.waiters, create, lambda: ctx.service.in_flight(body.terminal_id)
+            )
 
         return await call.settled(again)
 

@@ -317,6 +317,11 @@ class TransactionService:
             terminal_id=terminal_id,
         )
 
+    def in_flight(self, terminal_id: str | None) -> Outcome:
+        """409 ``request_in_progress`` for a create answered before its work ended (the
+        worker stopping: ``waiting.before_exit``)."""
+        return self._in_progress(terminal_id)
+
     def _in_progress(
         self, terminal_id: str | None, *, lease_until: datetime | None = None
     ) -> Outcome:

@@ -30,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from api.events.writer import RequestOutcome
 from api.idempotency.waiters import Waiters, WaitersFull
+from api.transactions.inline import StorageUnavailableError
 from api.transactions.outcome import IdempotencyStatus, Outcome
 
 IN_FLIGHT_EVENTS = frozenset({RequestOutcome.IN_PROGRESS, RequestOutcome.PROCESSING})
@@ -118,3 +120,40 @@ async def _first(settled: asyncio.Event, gone: asyncio.Event | None, within: flo
             task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def before_exit(
+    waiters: Waiters,
+    work: Callable[[], Awaitable[Outcome]],
+    in_flight: Callable[[], Outcome],
+) -> Outcome:
+    """``work``'s answer, unless the worker's exit comes first (``Waiters.exit_passed``: set
+    ``api.main.EXIT_ANSWER_MARGIN_S`` before uvicorn's graceful shutdown ends and answers
+    every request still in flight a bare text/plain 500). Then the create is answered in
+    flight (``in_flight``: 409 ``request_in_progress``, ``Retry-After``) — its statement or
+    issuer call may still end in a commit, which the terminal's lookup shows — and ``work``
+    goes on on its own until the worker stops. A create that begins after that moment is
+    not started: 503, nothing processed (the terminal retries the same key elsewhere)."""
+    exit_passed = waiters.exit_passed
+    if exit_passed.is_set():
+        raise StorageUnavailableError("the worker is stopping; nothing was processed")
+    task = asyncio.ensure_future(work())
+    stop = asyncio.ensure_future(exit_passed.wait())
+    try:
+        await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if task.done():
+        return task.result()
+    waiters.orphans.add(task)
+    task.add_done_callback(_forget(waiters))
+    return in_flight()
+
+
+def _forget(waiters: Waiters) -> Callable[[asyncio.Task[Any]], None]:
+    def done(task: asyncio.Task[Any]) -> None:
+        waiters.orphans.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its answer went out as in flight already
+
+    return done
