@@ -141,13 +141,26 @@ async def before_exit(
     stop = asyncio.ensure_future(exit_passed.wait())
     try:
         await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the request cancelled: its work is not cut mid-statement
+        _orphan(waiters, task)
+        raise
     finally:
         stop.cancel()
     if task.done():
         return task.result()
+    _orphan(waiters, task)
+    return in_flight()
+
+
+def _orphan(waiters: Waiters, task: asyncio.Task[Outcome]) -> None:
+    """``task`` goes on with nobody awaiting it: kept referenced until it ends, and its
+    exception, if any, retrieved (its request was answered already, or is gone)."""
+    if task.done():
+        if not task.cancelled():
+            task.exception()
+        return
     waiters.orphans.add(task)
     task.add_done_callback(_forget(waiters))
-    return in_flight()
 
 
 def _forget(waiters: Waiters) -> Callable[[asyncio.Task[Any]], None]:
