@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from api.config import Settings
+from api.config import GRACEFUL_SHUTDOWN_S, Settings
 from api.logs import configure_logging
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="idempay command line.")
@@ -123,7 +123,6 @@ def serve(
     """Run the API (applies pending migrations first)."""
     import uvicorn
 
-    from api.main import GRACEFUL_SHUTDOWN_S
     from api.migrate import migrate
     from api.pg_checks import warn_about_postgres
 

@@ -20,6 +20,12 @@ _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd])?")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 
 
+# uvicorn's ``timeout_graceful_shutdown`` for ``idempay serve`` (seconds). Here, not in
+# api/main.py: the serve command must not import the app (and prometheus_client with it)
+# before it has prepared the metrics folder of its workers.
+GRACEFUL_SHUTDOWN_S = 10
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IDEMPAY_", extra="ignore")
 

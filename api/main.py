@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import Authenticator
-from api.config import Settings
+from api.config import GRACEFUL_SHUTDOWN_S, Settings
 from api.context import AppContext
 from api.db import DriverPool, create_engine, split_budget
 from api.docs_page import mount_docs
@@ -229,11 +229,10 @@ async def _purge_forever(ctx: AppContext) -> None:
 SQLITE_RECHECK_S = 1.0
 
 
-# uvicorn's ``timeout_graceful_shutdown`` (``idempay serve``): after it, the requests still
-# in flight are cancelled and answered a bare text/plain 500 by uvicorn. A create still
-# waiting on its statement ``EXIT_ANSWER_MARGIN_S`` before that is answered in flight by the
-# app itself (409 problem+json, ``Retry-After``: ``PgInline.answer_in_flight``).
-GRACEFUL_SHUTDOWN_S = 10
+# ``GRACEFUL_SHUTDOWN_S`` (api/config.py) is uvicorn's ``timeout_graceful_shutdown``: after
+# it, the requests still in flight are cancelled and answered a bare text/plain 500 by
+# uvicorn. A create still at work ``EXIT_ANSWER_MARGIN_S`` before that is answered in flight
+# by the app itself (409 problem+json, ``Retry-After``: ``waiting.before_exit``).
 EXIT_ANSWER_MARGIN_S = 3
 
 
