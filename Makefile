@@ -26,17 +26,32 @@ tools:
 demo: $(STAMP)
 	$(BIN)/idempay demo
 
+# The suite on TEST_WORKERS pytest-xdist processes (most tests wait on timers and servers, so
+# more workers than cores); tests sharing a private cluster or session stay on one worker
+# (xdist_group marks, set in tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+# The deploy test (deploy-test below: image builds, the stack, its audit) runs after pytest:
+# run beside it on 2 cores, the stack missed its 180 s readiness bound under pytest's load.
+TEST_WORKERS ?= 3
+PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: $(STAMP) services tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25
+	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) --durations=25
 	./deploy/local/deploy_test.sh --if-possible
 
-# The edit loop's lane: no servers, Spark, browser, model or chaos (markers set in tests/conftest.py).
+# The edit loop's lane: no servers, Spark, browser, model or chaos (markers set in tests/conftest.py);
+# CPU-bound, so one pytest-xdist worker per core. The folders whose every test one of those
+# markers takes by its path (tests/conftest.py, tests/citus/conftest.py) are not even collected.
 FAST := not (server or redis or spark or browser or model or chaos or slow)
+FAST_UNCOLLECTED := tests/analytics tests/citus tests/deploy tests/loadtest
 test-fast: $(STAMP) services
-	$(BIN)/pytest -q -p no:cacheprovider -m "$(FAST)"
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 -m "$(FAST)" $(FAST_UNCOLLECTED:%=--ignore=%)
+
+# Both suites start hundreds of Python processes (servers, CLIs, each pytest-xdist worker): they
+# compile the project and rewrite the tests once per checkout, not once per process, whatever
+# PYTHONDONTWRITEBYTECODE says outside (the bytecode goes to __pycache__/, ignored by git).
+test test-fast: export PYTHONDONTWRITEBYTECODE :=
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,9 +5,10 @@
 Synthesizes the lake (``idempay lake synth``; skipped with ``--lake`` of an existing one),
 then, in one run: the Spark audit exactly as ``idempay audit`` runs it (all outputs and
 report.html written; session start timed apart) and DuckDB computing daily_summary,
-terminal_ranking, network_rates and the offline and duplicate-guard tables
-(``analytics.duckdb_reference``). The engines' tables are compared row by row, every
-column, so the figures are for the same answer.
+terminal_ranking, network_rates, the offline and duplicate-guard tables and the settlement
+reconciliation against the synthesized clearing (``analytics.duckdb_reference``). The
+engines' tables are compared row by row, every column, so the figures are for the same
+answer.
 Prints a table and, with ``--json``, writes the figures to a file.
 """
 
@@ -26,11 +27,13 @@ from typing import Any
 
 from analytics import duckdb_reference
 from analytics.metrics import (
+    EXCEPTION_COLUMNS,
     GUARD_COLUMNS,
     NETWORK_COLUMNS,
     OFFLINE_COLUMNS,
     OFFLINE_TERMINAL_COLUMNS,
     RANKING_COLUMNS,
+    RECON_COLUMNS,
     SUMMARY_COLUMNS,
 )
 
@@ -41,6 +44,8 @@ COMPARED = {
     "offline_summary": OFFLINE_COLUMNS,
     "offline_terminals": OFFLINE_TERMINAL_COLUMNS,
     "duplicate_guard": GUARD_COLUMNS,
+    "settlement_recon": RECON_COLUMNS,
+    "settlement_exceptions": EXCEPTION_COLUMNS,
 }
 
 

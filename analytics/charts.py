@@ -1,127 +1,285 @@
-"""Inline SVG charts for the report: plain strings, no JavaScript, nothing loaded.
+"""The report's charts, drawn by matplotlib's SVG backend and inlined: no JavaScript, no
+font or image to load (the glyphs are paths), nothing fetched — the page opens offline.
 
-Each data point is an element with ``class="point"`` and ``data-*`` attributes, and a
-``<title>`` tooltip, so the chart reads on screen and a test can count what was drawn.
+Ticks (MaxNLocator's round steps), legends (outside the axes, under them) and the room
+labels need (the constrained layout) are matplotlib's job. Each chart is a
+``<figure class="chart">``: the SVG (its ids prefixed by the chart's own, so several charts
+share one page; its title and legend carry the ids ``…-chart-title`` and
+``…-chart-legend``), then its values as a table (``<td class="point" data-…>``: a reader
+gets the exact numbers, a test what was drawn). Days the lake has synthesized are shaded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import io
+import math
+import re
+from collections.abc import Callable, Collection, Sequence
 from html import escape
+from typing import Any, cast
 
-WIDTH, HEIGHT = 640, 220
-LEFT, RIGHT, TOP, BOTTOM = 56, 16, 28, 36
-GRID_LINES = 4
+from cycler import cycler
+from matplotlib import rc_context
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 
+from analytics.html_table import count, exponent, money, percent
 
-def _ticks(peak: float) -> float:
-    """A round axis maximum at or above ``peak``."""
-    if peak <= 0:
-        return 1.0
-    for step in (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0):
-        if peak <= step:
-            return step
-    magnitude = 1.0
-    while magnitude * 10 < peak:
-        magnitude *= 10
-    for factor in (1, 2, 2.5, 5, 10):
-        if peak <= factor * magnitude:
-            return factor * magnitude
-    return peak
-
-
-def percent(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None else f"{value * 100:.{digits}f}%"
-
-
-def _frame(title: str, y_max: float, width: int) -> list[str]:
-    plot_h = HEIGHT - TOP - BOTTOM
-    digits = 2 if y_max < 0.04 else 1
-    parts = [
-        f'<svg class="chart" role="img" aria-label="{escape(title)}" width="{width}" '
-        f'height="{HEIGHT}" viewBox="0 0 {width} {HEIGHT}">',
-        f'<text class="chart-title" x="{LEFT}" y="16">{escape(title)}</text>',
-    ]
-    for i in range(GRID_LINES + 1):
-        value = y_max * i / GRID_LINES
-        y = TOP + plot_h - plot_h * i / GRID_LINES
-        parts.append(
-            f'<line class="grid" x1="{LEFT}" x2="{width - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
-            f'<text class="axis" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
-            f"{percent(value, digits)}</text>"
-        )
-    return parts
+COLORS = ["#1565c0", "#ef6c00", "#6a1b9a", "#2e7d32", "#c62828"]
+SYNTH_FILL, SYNTH_EDGE = "#eceff1", "#b0bec5"
+STYLE: dict[str, Any] = {
+    "svg.fonttype": "path",  # glyphs as paths: the same text on every machine, no font
+    "font.family": "DejaVu Sans",  # shipped with matplotlib
+    "font.size": 8.5,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.titlelocation": "left",
+    "axes.titlepad": 8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.edgecolor": "#9aa0ad",
+    "axes.grid": True,
+    "axes.grid.axis": "y",
+    "axes.axisbelow": True,
+    "grid.color": "#e3e6ee",
+    "xtick.color": "#4a5060",
+    "ytick.color": "#4a5060",
+    "axes.prop_cycle": cycler(color=COLORS),
+    "legend.frameon": False,
+    "legend.fontsize": 8.5,
+}
+SMALL, WIDE = (4.6, 2.6), (8.8, 2.9)  # inches, at 72 points each
+Unit = str  # "rate" | "count" | a currency code (amounts in minor units)
 
 
-def _x_labels(labels: Sequence[str], xs: Sequence[float]) -> list[str]:
-    every = max(1, len(labels) // 5)
-    return [
-        f'<text class="axis" x="{x:.1f}" y="{HEIGHT - 12}" text-anchor="middle">'
-        f"{escape(label[5:] if len(label) == 10 else label)}</text>"
-        for i, (label, x) in enumerate(zip(labels, xs, strict=True))
-        if i % every == 0 or i == len(labels) - 1
-    ]
+def _short(labels: Sequence[str]) -> list[str]:
+    """ISO days of one year as MM-DD; anything else as it is."""
+    days = all(re.fullmatch(r"\d{4}-\d\d-\d\d", label) for label in labels)
+    if days and len({label[:4] for label in labels}) == 1:
+        return [label[5:] for label in labels]
+    return list(labels)
+
+
+def shown(value: float | None, unit: Unit) -> str:
+    if unit == "rate":
+        return percent(value, 3)
+    if unit == "count":
+        return count(value)
+    return money(None if value is None else round(value), unit)
+
+
+def _digits(locator: MaxNLocator, top: float) -> int:
+    """The decimals a percentage tick needs: 0.5 % steps read 0.5 %, 1.0 %, not 0.50 %."""
+    ticks = locator.tick_values(0, top)
+    step = (ticks[1] - ticks[0]) * 100 if len(ticks) > 1 else 1.0
+    return next((d for d in range(6) if abs(round(step, d) - step) < 1e-9 * max(step, 1)), 6)
+
+
+def _value_axis(ax: Axes, unit: Unit, peak: float) -> None:
+    steps = [1, 2, 2.5, 5, 10]
+    if unit == "rate":
+        top = peak * 1.12 if peak > 0 else 0.01
+        locator = MaxNLocator(nbins=5, steps=steps)
+        ax.yaxis.set_major_locator(locator)
+        ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=_digits(locator, top)))
+        ax.set_ylim(0, top)
+    elif unit == "count":
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=5, steps=steps, integer=True))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_ylim(0, peak * 1.12 if peak > 0 else 1)
+    else:  # money: the axis in currency units
+        scale = 10 ** exponent(unit)
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=5, steps=steps))
+        digits = 0 if peak / scale >= 10 else 2
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / scale:,.{digits}f}"))
+        ax.set_ylabel(unit)
+        ax.set_ylim(0, peak * 1.12 if peak > 0 else scale)
+
+
+def _shade(ax: Axes, labels: Sequence[str], synthesized: Collection[str]) -> Patch | None:
+    """Grey bands behind the synthesized days; the legend's entry for them."""
+    marked = [i for i, label in enumerate(labels) if label in synthesized]
+    if not marked:
+        return None
+    runs: list[list[int]] = []
+    for i in marked:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    for run in runs:
+        ax.axvspan(run[0] - 0.5, run[-1] + 0.5, facecolor=SYNTH_FILL, edgecolor="none", zorder=0)
+    return Patch(facecolor=SYNTH_FILL, edgecolor=SYNTH_EDGE, label="synthesized days")
+
+
+def _category_axis(ax: Axes, labels: Sequence[str]) -> None:
+    texts = _short(labels)
+    ax.set_xlim(-0.5, len(labels) - 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True, min_n_ticks=1))
+    ax.xaxis.set_major_formatter(
+        FuncFormatter(lambda x, _: texts[int(x)] if x == int(x) and 0 <= x < len(texts) else "")
+    )
+    if max((len(t) for t in texts), default=0) * min(len(texts), 8) > 60:
+        ax.tick_params(axis="x", labelrotation=25)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+
+
+def _legend(fig: Figure, ax: Axes, extra: Patch | None, series: int) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    if series == 1:  # the title names the only series
+        handles = []
+    if extra is not None:
+        handles.append(extra)
+    if series > 1 or extra is not None:
+        # as many columns as the figure's width holds: a legend wider than it is cut off
+        columns = min(len(handles), max(1, int(fig.get_figwidth() // 2.2)))
+        legend = fig.legend(handles=handles, loc="outside lower center", ncols=columns)
+        legend.set_gid("chart-legend")
+
+
+_SVG_NOISE = [
+    re.compile(r"<\?xml[^>]*\?>\s*"),
+    re.compile(r"<!DOCTYPE[^>]*>\s*"),
+    re.compile(r"<!--.*?-->\s*", re.S),
+    re.compile(r"<metadata>.*?</metadata>\s*", re.S),
+    re.compile(r'\s+xmlns(:\w+)?="[^"]*"'),
+]
+
+
+def _inline(svg: str, key: str, title: str) -> str:
+    """matplotlib's SVG document as an element of the page: no XML prolog, metadata or
+    namespace URIs (HTML gives inline SVG its namespace), ids prefixed with ``key``, its
+    style scoped to the chart, sized by the page."""
+    for pattern in _SVG_NOISE:
+        svg = pattern.sub("", svg)
+    ids = set(re.findall(r'\bid="([^"]+)"', svg))
+    svg = re.sub(
+        r'(\bid="|url\(#|href="#)([^")]+)',
+        lambda m: m[1] + (f"{key}-{m[2]}" if m[2] in ids else m[2]),
+        svg,
+    )
+    svg = svg.replace("xlink:href=", "href=").replace("*{", f"#{key}-figure_1 *{{")
+    return re.sub(
+        r'<svg width="([\d.]+)pt" height="([\d.]+)pt"',
+        lambda m: (
+            f'<svg class="chart" role="img" aria-label="{escape(title)}" '
+            f'style="width:{float(m[1]) * 4 / 3:.0f}px;max-width:100%;height:auto"'
+        ),
+        svg,
+        count=1,
+    )
+
+
+def _render(
+    title: str, size: tuple[float, float], draw: Callable[[Figure], None], data: object
+) -> str:
+    """``draw`` on a new figure, as an inline SVG; its ids from ``title`` and ``data``."""
+    key = "c" + hashlib.sha1(repr((title, size, data)).encode()).hexdigest()[:8]
+    buffer = io.StringIO()
+    with rc_context(cast(Any, {**STYLE, "svg.hashsalt": key})):
+        fig = Figure(figsize=size, layout="constrained", dpi=72)
+        draw(fig)
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+    return _inline(buffer.getvalue(), key, title)
+
+
+def _values(head: str, rows: list[tuple[str, list[tuple[str, str]]]], names: list[str]) -> str:
+    """The chart's values, under it: one row per label, one cell per series."""
+    th = "".join(f"<th>{escape(n)}</th>" for n in names)
+    body = "".join(
+        f'<tr><td class="t">{escape(label)}</td>{"".join(c for _, c in cells)}</tr>'
+        for label, cells in rows
+    )
+    return (
+        '<details class="chart-data"><summary>values</summary><table>'
+        f"<thead><tr><th>{escape(head)}</th>{th}</tr></thead><tbody>{body}</tbody>"
+        "</table></details>"
+    )
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 def line_chart(
-    title: str, labels: Sequence[str], values: Sequence[float | None], *, width: int = 360
+    title: str,
+    labels: Sequence[str],
+    values: Sequence[float | None],
+    *,
+    unit: Unit = "rate",
+    synthesized: Collection[str] = (),
 ) -> str:
-    """A rate over days (fractions in [0, 1]); one point per day."""
-    y_max = _ticks(max((v for v in values if v is not None), default=0.0))
-    plot_w, plot_h = width - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    step = plot_w / max(1, len(labels) - 1)
-    xs = [LEFT + (step * i if len(labels) > 1 else plot_w / 2) for i in range(len(labels))]
-    parts = _frame(title, y_max, width)
-    points = [
-        (x, TOP + plot_h - plot_h * (v / y_max), label, v)
-        for x, label, v in zip(xs, labels, values, strict=True)
-        if v is not None
-    ]
-    if len(points) > 1:
-        path = " ".join(f"{x:.1f},{y:.1f}" for x, y, _, _ in points)
-        parts.append(f'<polyline class="series" points="{path}"/>')
-    for x, y, label, v in points:
-        parts.append(
-            f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3.5" '
-            f'data-date="{escape(label)}" data-value="{v:.6f}">'
-            f"<title>{escape(label)}: {percent(v, 3)}</title></circle>"
+    """One value per day (a rate by default); the synthesized days shaded."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        ax.set_title(title).set_gid("chart-title")
+        synth = _shade(ax, labels, synthesized)
+        ax.plot(range(len(labels)), [_number(v) for v in values], marker="o", markersize=3.5,
+                linewidth=1.8, label=title, clip_on=False)  # fmt: skip
+        _category_axis(ax, labels)
+        _value_axis(ax, unit, max((v for v in values if v is not None), default=0.0))
+        _legend(fig, ax, synth, 1)
+
+    svg = _render(title, SMALL, draw, (labels, values, unit))
+    cells = [
+        (
+            label,
+            [
+                (
+                    "",
+                    f'<td class="point" data-date="{escape(label)}" '
+                    f'data-value="{"" if v is None else f"{v:.6f}"}">{shown(v, unit)}</td>',
+                )
+            ],
         )
-    parts.extend(_x_labels(labels, xs))
-    parts.append("</svg>")
-    return "".join(parts)
+        for label, v in zip(labels, values, strict=True)
+    ]
+    return f'<figure class="chart">{svg}{_values("day", cells, ["value"])}</figure>'
 
 
 def bar_chart(
-    title: str, labels: Sequence[str], series: Sequence[tuple[str, Sequence[float]]]
+    title: str,
+    labels: Sequence[str],
+    series: Sequence[tuple[str, Sequence[float]]],
+    *,
+    unit: Unit = "rate",
+    synthesized: Collection[str] = (),
+    wide: bool = True,
 ) -> str:
-    """Grouped bars of rates: one group per label, one bar per series."""
-    peak = max((v for _, values in series for v in values), default=0.0)
-    y_max = _ticks(peak)
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    group_w = plot_w / max(1, len(labels))
-    bar_w = group_w * 0.8 / max(1, len(series))
-    parts = _frame(title, y_max, WIDTH)
-    for g, label in enumerate(labels):
-        x0 = LEFT + g * group_w + group_w * 0.1
+    """Grouped bars: one group per label, one bar per series (rates by default)."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        ax.set_title(title).set_gid("chart-title")
+        synth = _shade(ax, labels, synthesized)
+        width = 0.8 / max(1, len(series))
         for s, (name, values) in enumerate(series):
-            value = values[g]
-            height = plot_h * (value / y_max)
-            parts.append(
-                f'<rect class="point bar s{s}" x="{x0 + s * bar_w:.1f}" '
-                f'y="{TOP + plot_h - height:.1f}" width="{bar_w:.1f}" height="{height:.1f}" '
-                f'data-group="{escape(label)}" data-series="{escape(name)}" '
-                f'data-value="{value:.6f}"><title>{escape(label)} · {escape(name)}: '
-                f"{percent(value, 3)}</title></rect>"
-            )
-        parts.append(
-            f'<text class="axis" x="{LEFT + g * group_w + group_w / 2:.1f}" y="{HEIGHT - 12}" '
-            f'text-anchor="middle">{escape(label)}</text>'
+            offset = (s - (len(series) - 1) / 2) * width
+            ax.bar([i + offset for i in range(len(labels))], values, width, label=name)
+        _category_axis(ax, labels)
+        peak = max((v for _, values in series for v in values), default=0.0)
+        _value_axis(ax, unit, peak)
+        _legend(fig, ax, synth, len(series))
+
+    svg = _render(title, WIDE if wide else SMALL, draw, (labels, series, unit))
+    rows = [
+        (
+            label,
+            [
+                (
+                    name,
+                    f'<td class="point" data-group="{escape(label)}" data-series="{escape(name)}"'
+                    f' data-value="{values[g]:.6f}">{shown(values[g], unit)}</td>',
+                )
+                for name, values in series
+            ],
         )
-    for s, (name, _) in enumerate(series):
-        parts.append(
-            f'<rect class="bar s{s}" x="{WIDTH - RIGHT - 120}" y="{8 + s * 12}" width="8" '
-            f'height="8"/><text class="legend" x="{WIDTH - RIGHT - 108}" y="{16 + s * 12}">'
-            f"{escape(name)}</text>"
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+        for g, label in enumerate(labels)
+    ]
+    head = [name for name, _ in series]
+    return f'<figure class="chart">{svg}{_values("", rows, head)}</figure>'

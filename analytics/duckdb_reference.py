@@ -4,7 +4,10 @@ benchmark compares the two engines' answers row by row, and the analytics tests 
 to the same hand-computed values). quantile_cont is the same linear interpolation as
 Spark's exact ``percentile``. Also the offline and duplicate-guard outputs (issues 16, 17:
 offline_summary, offline_terminals, duplicate_guard), held to the same hand-computed values
-as ``analytics.offline``.
+as ``analytics.offline``. And the settlement reconciliation against the acquirer's clearing
+(settlement_recon, settlement_exceptions), written from contract §5 apart from
+``analytics.settlement``; only the choice of clearing days to read (those whose rows agree
+with their landed trailer) is shared, ``analytics.clearing``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+
+from analytics import clearing
 
 RESOLVING = "('found', 'created', 'replayed', 'aborted', 'fenced')"
 PART = "event_date=????-??-??"  # as the Spark job: only well-named partitions
@@ -125,6 +130,11 @@ WITH e AS (
 ), v AS (
   SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id, count(*) AS n
   FROM violations GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
+), t AS (
+  SELECT CAST(created_at AS DATE) AS event_date, coalesce(merchant_id, 'ALL') AS merchant_id,
+    count(*) AS n
+  FROM tx WHERE status = 'declined' AND decline_reason = 'acquirer_timeout'
+  GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
 ), days AS (
   SELECT CAST(d AS DATE) AS event_date, 'ALL' AS merchant_id
   FROM generate_series(DATE '{start}', DATE '{end}', INTERVAL 1 DAY) t(d)
@@ -146,12 +156,15 @@ SELECT event_date, merchant_id,
   coalesce(aborted, 0) AS aborted,
   coalesce(expired, 0) AS expired,
   coalesce(reversed, 0) AS reversed,
+  coalesce(t.n, 0) AS acquirer_timeouts,
+  coalesce(t.n / nullif(transactions, 0), 0.0) AS acquirer_timeout_rate,
   coalesce(s.n, 0) AS suspected_double_charges,
   coalesce(v.n, 0) AS exactly_once_violations,
   create_p50_ms, create_p95_ms, create_p99_ms
 FROM e FULL JOIN k USING (event_date, merchant_id)
   FULL JOIN s USING (event_date, merchant_id)
   FULL JOIN v USING (event_date, merchant_id)
+  FULL JOIN t USING (event_date, merchant_id)
   FULL JOIN days USING (event_date, merchant_id)
 WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
 ORDER BY event_date, merchant_id = 'ALL', merchant_id
@@ -277,6 +290,88 @@ WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
 ORDER BY event_date, merchant_id = 'ALL', merchant_id
 """
 
+# Settlement reconciliation (contract §5): our transactions and the clearing rows by rrn.
+CLEARING_ROWS = r"""
+CREATE OR REPLACE TEMP VIEW cl AS
+  SELECT *, CAST(regexp_extract(filename, 'clearing_date=(\d{{4}}-\d{{2}}-\d{{2}})', 1) AS DATE)
+    AS clearing_date
+  FROM read_parquet({files}, filename = true)
+"""
+NO_CLEARING_ROWS = """
+CREATE OR REPLACE TEMP VIEW cl AS
+  SELECT NULL::VARCHAR AS rrn, NULL::VARCHAR AS merchant_id, NULL::VARCHAR AS processing_code,
+    NULL::BIGINT AS amount, NULL::VARCHAR AS currency, NULL::TIMESTAMPTZ AS approved_at,
+    NULL::TIMESTAMPTZ AS reversed_at, NULL::DATE AS clearing_date
+  WHERE false
+"""
+SETTLEMENT = """
+CREATE OR REPLACE TEMP TABLE recon AS
+WITH ours AS (
+  SELECT rrn, transaction_id, merchant_id, CAST(created_at AS DATE) AS event_date, status,
+    CASE WHEN type = 'refund' THEN -amount ELSE amount END AS amount, currency
+  FROM tx WHERE rrn IS NOT NULL
+), approved AS (
+  SELECT DISTINCT ON (rrn) * FROM ours WHERE status = 'approved'
+  ORDER BY rrn, event_date, transaction_id, merchant_id, amount, currency
+), any_ours AS (
+  SELECT DISTINCT ON (rrn) * FROM ours
+  ORDER BY rrn, event_date, transaction_id, merchant_id, amount, currency
+), c AS (
+  SELECT rrn, clearing_date, merchant_id, approved_at, reversed_at IS NULL AS open, currency,
+    CASE WHEN processing_code LIKE '20%' THEN -amount ELSE amount END AS amount
+  FROM cl
+), first_open AS (
+  SELECT DISTINCT ON (rrn) rrn, clearing_date, merchant_id, amount, currency FROM c WHERE open
+  ORDER BY rrn, approved_at, clearing_date, merchant_id, amount, currency
+), per_rrn AS (
+  SELECT rrn, count(*) AS n, sum(amount) FILTER (WHERE open) AS open_amount,
+    max({'d': clearing_date, 'm': merchant_id}) AS last
+  FROM c GROUP BY rrn
+)
+SELECT a.event_date, a.merchant_id,
+  CASE WHEN f.rrn IS NULL THEN 'ours_only'
+       WHEN f.amount = a.amount AND f.currency = a.currency THEN 'matched'
+       ELSE 'amount_mismatch' END AS kind,
+  a.rrn, a.transaction_id, a.amount, a.currency, f.amount AS clearing_amount
+FROM approved a LEFT JOIN first_open f USING (rrn)
+WHERE a.event_date IN (SELECT d FROM clearing_days)
+UNION ALL
+SELECT f.clearing_date, f.merchant_id, 'acquirer_only', f.rrn, o.transaction_id, o.amount,
+  coalesce(o.currency, f.currency), f.amount
+FROM first_open f LEFT JOIN any_ours o USING (rrn)
+WHERE NOT EXISTS (SELECT 1 FROM approved a WHERE a.rrn = f.rrn)
+UNION ALL
+SELECT p.last.d, p.last.m, 'duplicate_rrn', p.rrn, o.transaction_id, o.amount,
+  coalesce(o.currency, f.currency), p.open_amount
+FROM per_rrn p LEFT JOIN any_ours o USING (rrn) LEFT JOIN first_open f USING (rrn)
+WHERE p.n > 1
+"""
+SETTLEMENT_RECON = """
+WITH g AS (
+  SELECT event_date, coalesce(merchant_id, 'ALL') AS merchant_id,
+    count(*) FILTER (WHERE kind = 'matched') AS matched,
+    coalesce(sum(amount) FILTER (WHERE kind = 'matched'), 0) AS matched_amount,
+    count(*) FILTER (WHERE kind = 'acquirer_only') AS acquirer_only,
+    count(*) FILTER (WHERE kind = 'ours_only') AS ours_only,
+    count(*) FILTER (WHERE kind = 'amount_mismatch') AS amount_mismatch,
+    count(*) FILTER (WHERE kind = 'duplicate_rrn') AS duplicate_rrn
+  FROM recon GROUP BY GROUPING SETS ((event_date, merchant_id), (event_date))
+), days AS (SELECT d AS event_date, 'ALL' AS merchant_id FROM clearing_days)
+SELECT event_date, merchant_id, coalesce(matched, 0) AS matched,
+  CAST(coalesce(matched_amount, 0) AS BIGINT) AS matched_amount,
+  coalesce(acquirer_only, 0) AS acquirer_only, coalesce(ours_only, 0) AS ours_only,
+  coalesce(amount_mismatch, 0) AS amount_mismatch, coalesce(duplicate_rrn, 0) AS duplicate_rrn
+FROM g FULL JOIN days USING (event_date, merchant_id)
+WHERE event_date BETWEEN DATE '{start}' AND DATE '{end}'
+ORDER BY event_date, merchant_id = 'ALL', merchant_id
+"""
+SETTLEMENT_EXCEPTIONS = """
+SELECT event_date, merchant_id, kind, rrn, transaction_id, amount, currency, clearing_amount
+FROM recon
+WHERE kind <> 'matched' AND event_date BETWEEN DATE '{start}' AND DATE '{end}'
+ORDER BY event_date, merchant_id, kind, rrn
+"""
+
 OUTPUTS = {
     "daily_summary": SUMMARY,
     "terminal_ranking": TERMINAL_RANKING,
@@ -284,9 +379,18 @@ OUTPUTS = {
     "offline_summary": OFFLINE_SUMMARY,
     "offline_terminals": OFFLINE_TERMINALS,
     "duplicate_guard": DUPLICATE_GUARD,
+    "settlement_recon": SETTLEMENT_RECON,
+    "settlement_exceptions": SETTLEMENT_EXCEPTIONS,
 }
 # Columns of lake schema 2 a lake may lack altogether (written before them): null.
-ADDED_TYPES = {"offline": "BOOLEAN", "captured_at": "TIMESTAMPTZ", "duplicate_override": "BOOLEAN"}
+ADDED_TYPES = {
+    "offline": "BOOLEAN",
+    "captured_at": "TIMESTAMPTZ",
+    "duplicate_override": "BOOLEAN",
+    "rrn": "VARCHAR",
+    "authorization_code": "VARCHAR",
+    "decline_reason": "VARCHAR",
+}
 Rows = list[dict[str, Any]]
 
 
@@ -303,7 +407,8 @@ def _fetch(conn: duckdb.DuckDBPyConnection, query: str) -> Rows:
 
 
 def _absent_columns(conn: duckdb.DuckDBPyConnection, lake: str) -> str:
-    """``, NULL::T AS c`` for each lake-schema-2 column no transactions file has."""
+    """``, NULL::T AS c`` for each column added since lake schema 1 that no transactions
+    file has."""
     files = f"'{lake}/transactions/{PART}/*.parquet'"
     query = f"SELECT * FROM read_parquet({files}, union_by_name = true) LIMIT 0"
     present = {d[0] for d in conn.execute(query).description}
@@ -312,9 +417,23 @@ def _absent_columns(conn: duckdb.DuckDBPyConnection, lake: str) -> str:
     )
 
 
+def _settlement(conn: duckdb.DuckDBPyConnection, lake: Path) -> None:
+    """The ``recon`` table: each rrn's match or exceptions (kind ``matched`` for a match)."""
+    days = [
+        (day, folder) for day, folder in clearing.partitions(lake) if not clearing.verify(folder)
+    ]
+    conn.execute("CREATE OR REPLACE TEMP TABLE clearing_days (d DATE)")
+    for day, _ in days:
+        conn.execute("INSERT INTO clearing_days VALUES (?)", [day])
+    files = [str(path) for _, folder in days for path in sorted(folder.glob("*.parquet"))]
+    conn.execute(CLEARING_ROWS.format(files=files) if files else NO_CLEARING_ROWS)
+    conn.execute(SETTLEMENT)
+
+
 def audit(lake: Path, *, start: date, end: date, threads: int) -> dict[str, Rows]:
-    """daily_summary, terminal_ranking, network_rates, offline_summary, offline_terminals and
-    duplicate_guard (dates as ISO strings), by DuckDB."""
+    """daily_summary, terminal_ranking, network_rates, offline_summary, offline_terminals,
+    duplicate_guard, settlement_recon and settlement_exceptions (dates as ISO strings), by
+    DuckDB."""
     conn = duckdb.connect()
     try:
         conn.execute(f"SET threads = {int(threads)}")
@@ -323,6 +442,7 @@ def audit(lake: Path, *, start: date, end: date, threads: int) -> dict[str, Rows
         absent = _absent_columns(conn, root)
         conn.execute(SQL.format(lake=root, resolving=RESOLVING, part=PART, absent=absent))
         conn.execute(OFFLINE_ROWS)
+        _settlement(conn, Path(lake))
         bounds = {"start": start.isoformat(), "end": end.isoformat()}
         return {name: _fetch(conn, query.format(**bounds)) for name, query in OUTPUTS.items()}
     finally:

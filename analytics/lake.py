@@ -7,6 +7,7 @@ One definition shared by ``idempay export`` (the server's data), ``idempay lake 
     LAKE/transactions/event_date=YYYY-MM-DD/part-0.parquet     (by created_at, UTC)
     LAKE/ledger_entries/event_date=YYYY-MM-DD/part-0.parquet   (by created_at, UTC)
     LAKE/<table>/event_date=YYYY-MM-DD/_manifest.json, _SUCCESS (analytics.manifest)
+    LAKE/clearing/clearing_date=YYYY-MM-DD/…                    (analytics.clearing)
 
 The partition column lives only in the directory name (Hive style); the files hold exactly
 the contract's columns. A partition is replaced atomically: the new file is written under a
@@ -66,6 +67,12 @@ TRANSACTIONS = pa.schema(
         ("offline", pa.bool_()),
         ("captured_at", TIMESTAMP),
         ("duplicate_override", pa.bool_()),
+        # Added in lake schema 3 (the acquirer link): the key's retrieval reference at the
+        # acquirer, the approval's authorization code, a decline's reason. Null in older
+        # partitions: their transactions cannot be reconciled with the clearing file.
+        ("rrn", pa.string()),
+        ("authorization_code", pa.string()),
+        ("decline_reason", pa.string()),
     ]
 )
 
@@ -92,7 +99,14 @@ TABLES: dict[str, pa.Schema] = {
 # only the contract's own columns are required.
 ADDED_COLUMNS: dict[str, list[str]] = {
     "request_events": [],
-    "transactions": ["offline", "captured_at", "duplicate_override"],
+    "transactions": [
+        "offline",
+        "captured_at",
+        "duplicate_override",
+        "rrn",
+        "authorization_code",
+        "decline_reason",
+    ],
     "ledger_entries": [],
 }
 

@@ -9,10 +9,10 @@ events. Each finding is one row of ``lake_warnings`` (``kind``, ``table``, ``eve
 ``--strict`` turns any of them into a non-zero exit.
 
 A file written before a column was added to the lake (``analytics.lake.ADDED_COLUMNS``:
-the offline and duplicate-guard columns of lake schema 2) is not damaged: it is read with
-those columns null (false), and that is said as a **note** (kind ``older_schema``, same
-columns, ``lake_notes.csv``, the report's offline section), never a warning: ``--strict``
-does not fail on it.
+the offline and duplicate-guard columns of lake schema 2, the acquirer's rrn,
+authorization_code and decline_reason of lake schema 3) is not damaged: it is read with
+those columns null, and that is said as a **note** (kind ``older_schema``, same columns,
+``lake_notes.csv``, the report), never a warning: ``--strict`` does not fail on it.
 """
 
 from __future__ import annotations
@@ -96,14 +96,29 @@ def data_files(
                 health.add("missing_column", table, day.isoformat(), detail)
             older = [name for name in missing if name in added]
             if older:
-                detail = (
-                    f"{found.name} predates {', '.join(older)} (written before lake schema 2):"
-                    " read as null, counted as false — the day's offline and override figures"
-                    " are 0 by construction, not measured"
-                )
+                detail = f"{found.name} " + "; ".join(_predates(older))
                 health.note("older_schema", table, day.isoformat(), detail)
             groups.setdefault(schema.to_string(), []).append(str(found))
     return groups
+
+
+# What a figure means when a file predates the columns of a lake schema version.
+_WITHOUT = {
+    2: "read as null, counted as false — the day's offline and override figures are 0 by"
+    " construction, not measured",
+    3: "read as null — the day's approved transactions are not reconcilable with the"
+    " acquirer's clearing file, and its acquirer_timeouts are 0 by construction",
+}
+
+
+def _predates(older: list[str]) -> list[str]:
+    by_version: dict[int, list[str]] = {}
+    for name in older:
+        by_version.setdefault(manifest.ADDED_IN.get(name, 2), []).append(name)
+    return [
+        f"predates {', '.join(names)} (written before lake schema {version}): {_WITHOUT[version]}"
+        for version, names in sorted(by_version.items())
+    ]
 
 
 def days_without_events(

@@ -27,6 +27,8 @@ METRIC_COLUMNS = [
     "aborted",
     "expired",
     "reversed",
+    "acquirer_timeouts",
+    "acquirer_timeout_rate",
     "suspected_double_charges",
     "exactly_once_violations",
     "create_p50_ms",
@@ -47,6 +49,7 @@ COUNT_COLUMNS = [
     "aborted",
     "expired",
     "reversed",
+    "acquirer_timeouts",
     "suspected_double_charges",
     "exactly_once_violations",
 ]
@@ -56,6 +59,7 @@ RATE_COLUMNS = [
     "duplicate_rate",
     "in_doubt_rate",
     "lookup_found_rate",
+    "acquirer_timeout_rate",
 ]
 
 RANKING_COLUMNS = [
@@ -129,6 +133,7 @@ TREND_COLUMNS = [
     "duplicate_rate",
     "in_doubt_rate",
     "lookup_found_rate",
+    "acquirer_timeout_rate",
     "suspected_double_charges",
     "exactly_once_violations",
     "create_p95_ms",
@@ -162,3 +167,19 @@ OFFLINE_TERMINAL_COLUMNS = [
 # The duplicate guard (issue 17): per event_date × merchant_id with a block or an override,
 # plus the fleet row ALL for every day of the range.
 GUARD_COLUMNS = ["event_date", "merchant_id", "duplicates_blocked", "duplicates_overridden"]
+
+# Settlement reconciliation (contract §5): the lake's transactions against the acquirer's
+# clearing rows, by rrn, per event_date × merchant_id plus the fleet row ALL for every day
+# that has a clearing file. Amounts are signed as they move money (refunds negative).
+EXCEPTION_KINDS = ["acquirer_only", "ours_only", "amount_mismatch", "duplicate_rrn"]
+RECON_COLUMNS = ["event_date", "merchant_id", "matched", "matched_amount", *EXCEPTION_KINDS]
+EXCEPTION_COLUMNS = [
+    "event_date",
+    "merchant_id",
+    "kind",
+    "rrn",
+    "transaction_id",
+    "amount",
+    "currency",
+    "clearing_amount",
+]

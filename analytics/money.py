@@ -1,6 +1,7 @@
-"""The money checks of contract §5 as pure ``DataFrame → DataFrame`` transforms: suspected
-double charges (new-key duplicates the idempotency key could not catch) and exactly-once
-violations (a transaction charged twice, or a charge without a transaction).
+"""The money of contract §5 as pure ``DataFrame → DataFrame`` transforms: suspected
+double charges (new-key duplicates the idempotency key could not catch), exactly-once
+violations (a transaction charged twice, or a charge without a transaction), and the
+volume per currency the report leads with (``money_volume``: approved, refunded, reversed).
 
 Both take the lake's tables as read, duplicates included: each one deduplicates exactly what
 it uses, in the shuffle it needs anyway (a row read twice is one row: a transaction is
@@ -9,10 +10,12 @@ it uses, in the shuffle it needs anyway (a row read twice is one row: a transact
 
 from __future__ import annotations
 
+from datetime import date
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from analytics.metrics import DOUBLE_CHARGE_COLUMNS, VIOLATION_COLUMNS
+from analytics.metrics import DOUBLE_CHARGE_COLUMNS, FLEET, VIOLATION_COLUMNS
 
 SUSPECT_WINDOW_MICROS = 120 * 1_000_000
 TXN_KEY = ["merchant_id", "transaction_id"]
@@ -168,3 +171,61 @@ def exactly_once_violations(transactions: DataFrame, ledger_entries: DataFrame) 
     """Transactions with more than one charge entry (dated by the transaction), and charge
     entries whose transaction does not exist (dated by the entry). Must be empty."""
     return violations_of(ledger_days(transactions, ledger_entries), ledger_entries)
+
+
+# money_volume: per event_date (of the transaction's created_at) × merchant × currency, plus
+# the fleet row ``ALL`` per event_date × currency. Amounts are minor units of the row's
+# currency, never summed across currencies.
+MONEY_COLUMNS = [
+    "event_date",
+    "merchant_id",
+    "currency",
+    "approved_purchases",
+    "approved_amount",
+    "refunds",
+    "refunded_amount",
+    "reversed_transactions",
+    "reversed_amount",
+]
+
+
+def money_volume(transactions: DataFrame, *, start: date, end: date) -> DataFrame:
+    """What moved, per currency: ``approved_purchases``/``approved_amount`` (purchases whose
+    status is approved: a reversed one is not), ``refunds``/``refunded_amount`` (refunds
+    approved, amounts positive), ``reversed_transactions``/``reversed_amount`` (approved,
+    then undone by a reversal: status reversed). A transaction counts on its created_at
+    date; a row read twice counts once. One shuffle (the rollup)."""
+    unique = transactions.dropDuplicates(TXN_KEY)
+    purchase = is_approved_purchase()
+    refund = (F.col("type") == "refund") & (F.col("status") == "approved")
+    reversed_ = F.col("status") == "reversed"
+
+    def amount(when: Column) -> Column:
+        return F.sum(F.when(when, F.col("amount")).otherwise(F.lit(0))).cast("long")
+
+    rolled = (
+        unique.withColumn("event_date", F.to_date(F.col("created_at")))
+        .rollup("event_date", "currency", "merchant_id")
+        .agg(
+            F.count_if(purchase).cast("long").alias("approved_purchases"),
+            amount(purchase).alias("approved_amount"),
+            F.count_if(refund).cast("long").alias("refunds"),
+            amount(refund).alias("refunded_amount"),
+            F.count_if(reversed_).cast("long").alias("reversed_transactions"),
+            amount(reversed_).alias("reversed_amount"),
+            F.grouping("event_date").alias("day_total"),
+            F.grouping("currency").alias("all_currencies"),
+            F.grouping("merchant_id").alias("fleet"),
+        )
+        .where((F.col("day_total") == 0) & (F.col("all_currencies") == 0))
+        .withColumn(
+            "merchant_id",
+            F.when(F.col("fleet") == 1, F.lit(FLEET)).otherwise(F.col("merchant_id")),
+        )
+    )
+    is_fleet = F.col("merchant_id") == FLEET
+    return (
+        rolled.where(F.col("event_date").between(F.lit(start), F.lit(end)))
+        .orderBy("event_date", is_fleet.asc(), "merchant_id", "currency")
+        .select(*MONEY_COLUMNS)
+    )

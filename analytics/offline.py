@@ -34,6 +34,7 @@ from analytics.metrics import (
     OFFLINE_COLUMNS,
     OFFLINE_TERMINAL_COLUMNS,
 )
+from analytics.settlement import is_acquirer_timeout
 from analytics.transforms import grouped_by_merchant, in_range, percentile_of_sorted
 
 TXN_KEY = ["merchant_id", "transaction_id"]
@@ -75,7 +76,8 @@ def _forward_delay_s() -> Column:
 
 def transaction_cube(transactions: DataFrame) -> DataFrame:
     """Transactions (one row per ``(merchant_id, transaction_id)``, copies dropped) summed
-    per event_date × merchant × terminal × currency; ``delays``: the forward delays."""
+    per event_date × merchant × terminal × currency; ``delays``: the forward delays; also
+    ``acquirer_timeouts``, ``approved`` and ``approved_without_rrn`` (not reconcilable)."""
     unique = transactions.dropDuplicates(TXN_KEY)
     at_risk = F.when(is_offline_declined(), F.col("amount")).otherwise(F.lit(0))
     return unique.groupBy(
@@ -88,6 +90,12 @@ def transaction_cube(transactions: DataFrame) -> DataFrame:
         F.count_if(is_forwarded_after_day_end()).alias("forwarded_after_day_end"),
         F.count_if(is_overridden()).alias("duplicates_overridden"),
         F.collect_list(_forward_delay_s()).alias("delays"),
+        # for daily_summary and the settlement reconciliation's notes (analytics.settlement)
+        F.count_if(is_acquirer_timeout()).alias("acquirer_timeouts"),
+        F.count_if(F.col("status") == "approved").alias("approved"),
+        F.count_if((F.col("status") == "approved") & F.col("rrn").isNull()).alias(
+            "approved_without_rrn"
+        ),
     )
 
 

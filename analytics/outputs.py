@@ -71,6 +71,10 @@ def _with_rates(df: DataFrame) -> DataFrame:
     )
 
 
+def _with_timeout_rate(df: DataFrame) -> DataFrame:
+    return df.withColumn("acquirer_timeout_rate", _rate("acquirer_timeouts", "transactions"))
+
+
 # ----------------------------------------------------------------- daily_summary
 def merchant_key_counts(key_cube: DataFrame) -> DataFrame:
     """Key metrics per event_date × merchant and the fleet, with the exact in-doubt
@@ -101,17 +105,30 @@ def day_spine(df: DataFrame, *, start: date, end: date) -> DataFrame:
 
 
 def daily_summary(
-    cubes: Cubes, suspects: DataFrame, violations: DataFrame, *, start: date, end: date
+    cubes: Cubes,
+    suspects: DataFrame,
+    violations: DataFrame,
+    sold: DataFrame,
+    *,
+    start: date,
+    end: date,
 ) -> DataFrame:
     """One row per event_date × merchant_id with activity, plus the fleet row ``ALL`` for
     every day of the range (recomputed from all the day's events and keys, never averaged).
-    ``suspects`` and ``violations`` are the detail tables of the whole lake."""
+    ``suspects`` and ``violations`` are the detail tables of the whole lake; ``sold`` the
+    transactions cube (``analytics.offline.transaction_cube``: acquirer_timeouts, on the
+    transaction's created_at date)."""
+    timeouts = grouped_by_merchant(
+        sold.where(F.col("acquirer_timeouts") > 0),
+        [F.sum("acquirer_timeouts").cast("long").alias("acquirer_timeouts")],
+    )
     joined = (
         grouped_by_merchant(cubes.events, _sums(EVENT_SUMS))
         .join(cubes.latencies, on=DAY_MERCHANT, how="full")
         .join(merchant_key_counts(cubes.keys), on=DAY_MERCHANT, how="full")
         .join(_count_by_day(suspects, "suspected_double_charges"), on=DAY_MERCHANT, how="full")
         .join(_count_by_day(violations, "exactly_once_violations"), on=DAY_MERCHANT, how="full")
+        .join(timeouts, on=DAY_MERCHANT, how="full")
         .join(day_spine(cubes.keys, start=start, end=end), on=DAY_MERCHANT, how="full")
     )
     is_fleet = F.col("merchant_id") == FLEET
@@ -119,6 +136,7 @@ def daily_summary(
         in_range(joined, start=start, end=end)
         .fillna(0, subset=ZERO_WHEN_ABSENT)
         .transform(_with_rates)
+        .transform(_with_timeout_rate)
         .orderBy("event_date", is_fleet.asc(), "merchant_id")
         .select(*SUMMARY_COLUMNS)
     )

@@ -1,8 +1,15 @@
 """``report.html``: the finance report, one self-contained file (contract §5).
 
-Inline CSS and inline SVG charts only: no script, no font, no image, no URL, so it opens
-offline exactly as it was written. Every exactly-once violation is named in a red banner
-at the top with its day and transaction id.
+Inline CSS and inline SVG charts (matplotlib's, ``analytics.charts``) only: no script, no
+font, no image, no remote URL, so it opens offline exactly as it was written; its only
+links are to the CSV files written beside it and to its own sections. The money leads:
+every exactly-once violation is named in a red banner at the top with its day and
+transaction id, then the money per currency in currency units (``analytics.report_money``:
+approved, refunded, reversed, and the value at stake in suspects and settlement
+exceptions), then the settlement reconciliation against the acquirer's clearing naming each
+exception (``analytics.report_settlement``). Days the lake holds synthesized are said to be
+(``analytics.manifest.synthesized_days``), and every term is defined at the end
+(``analytics.report_definitions``).
 """
 
 from __future__ import annotations
@@ -13,11 +20,14 @@ from datetime import date
 from html import escape
 from typing import Any
 
+from analytics import report_definitions
 from analytics.charts import bar_chart, line_chart
 from analytics.html_table import cell as _cell
 from analytics.html_table import table as _table
 from analytics.metrics import FLEET
+from analytics.report_money import money_section, synthesized_note
 from analytics.report_offline import duplicate_guard_section, offline_section
+from analytics.report_settlement import settlement_section
 
 Rows = list[dict[str, Any]]
 TOP_TERMINALS = 15
@@ -33,8 +43,27 @@ HEADLINE_COUNTS = [
     "aborted",
     "expired",
     "reversed",
+    "acquirer_timeouts",
     "suspected_double_charges",
     "exactly_once_violations",
+]
+# The CSV files the audit writes beside report.html (analytics.jobs.daily_audit), linked.
+CSV_FILES = [
+    ("money_volume", "approved, refunded and reversed volume per day × merchant × currency"),
+    ("daily_summary", "every metric per day × merchant, and the fleet (ALL)"),
+    ("suspected_double_charges", "each suspected double charge, both transactions named"),
+    ("exactly_once_violations", "each exactly-once violation (must be empty)"),
+    ("settlement_recon", "matched and exceptions per day × merchant"),
+    ("settlement_exceptions", "each settlement exception"),
+    ("terminal_ranking", "terminals by retry rate per day × merchant"),
+    ("network_rates", "the rates per day × network"),
+    ("terminal_link_loss", "attempts received and unseen per day × terminal"),
+    ("daily_trend", "the fleet's rates per day"),
+    ("offline_summary", "offline selling per day × merchant × currency"),
+    ("offline_terminals", "offline selling per terminal"),
+    ("duplicate_guard", "the duplicate guard's blocks and overrides"),
+    ("lake_warnings", "what is wrong with the lake this audit read"),
+    ("lake_notes", "what changes a figure's meaning without being damage"),
 ]
 
 
@@ -62,8 +91,21 @@ class AuditData:
     offline_summary: Rows = field(default_factory=list)
     offline_terminals: Rows = field(default_factory=list)
     duplicate_guard: Rows = field(default_factory=list)
+    settlement_recon: Rows = field(default_factory=list)
+    settlement_exceptions: Rows = field(default_factory=list)
     lake_warnings: Rows = field(default_factory=list)
     lake_notes: Rows = field(default_factory=list)
+    # None: the audit did not compute it (the report says so); [] : no money moved
+    money_volume: Rows | None = None
+    synthesized_days: list[str] = field(default_factory=list)  # ISO days
+
+    def csv_files(self) -> list[tuple[str, str]]:
+        """The CSV files written beside the report: (file name, what it holds)."""
+        return [
+            (f"{name}.csv", what)
+            for name, what in CSV_FILES
+            if name != "money_volume" or self.money_volume is not None
+        ]
 
     @property
     def fleet_days(self) -> Rows:
@@ -79,8 +121,9 @@ class AuditData:
             "link_loss_rate": _ratio(unseen, unseen + received),
             "duplicate_rate": _ratio(totals["duplicate_requests"], totals["create_requests"]),
             "in_doubt_rate": _ratio(totals["in_doubt_transactions"], totals["transactions"]),
+            "acquirer_timeout_rate": _ratio(totals["acquirer_timeouts"], totals["transactions"]),
         }
-        return {**totals, **rates}
+        return {**totals, **rates, "settlement_exceptions": len(self.settlement_exceptions)}
 
     def networks(self) -> Rows:
         """Rates per network over the whole range (recomputed from counts)."""
@@ -170,16 +213,26 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(160px,1fr));gap:10px}
 .card{border:1px solid #dde;border-radius:6px;padding:10px}
 .card .v{font-size:20px;font-weight:650}.card .k{color:#667;font-size:12px}
-.charts{display:flex;flex-wrap:wrap;gap:12px}
-svg.chart{border:1px solid #eef;border-radius:6px;background:#fff}
-.grid{stroke:#e3e6ee}.axis,.legend{font-size:11px;fill:#667}
-.chart-title{font-size:13px;font-weight:600;fill:#1d2330}
-.series{fill:none;stroke:#1565c0;stroke-width:2}circle.point{fill:#1565c0}
-.s0{fill:#1565c0}.s1{fill:#ef6c00}.s2{fill:#6a1b9a}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{border-bottom:1px solid #e6e8ef;padding:4px 8px;text-align:right}
 th:first-child,td:first-child,td.t{text-align:left}th{background:#f5f6fa}
+td:not(.t){white-space:nowrap}
 code{font-size:12px}
+nav{margin:8px 0;font-size:13px}nav a{margin-right:10px}
+a{color:#1565c0}a.term{color:inherit;text-decoration:underline dotted #99a}
+.synth{display:inline-block;background:#eceff1;border:1px solid #b0bec5;border-radius:4px;
+padding:0 5px;font-size:11px;font-weight:600;color:#455a64;vertical-align:1px}
+.synth-note{background:#f5f7f9;border-left:4px solid #90a4ae;padding:8px 12px;margin:12px 0}
+#money h3{margin:14px 0 6px;font-size:15px}
+.currency .cards{grid-template-columns:repeat(auto-fill,minmax(200px,1fr))}
+.card.money .v{font-size:18px;white-space:nowrap}
+.card.bad{border-color:#c62828}.card.bad .v{color:#c62828}
+figure.chart{margin:0;border:1px solid #eef;border-radius:6px;background:#fff;padding:4px}
+details.chart-data{font-size:12px;margin:2px 6px 4px}details.chart-data table{width:auto}
+.charts{display:flex;flex-wrap:wrap;gap:12px;margin:8px 0}
+table.definitions th{text-align:left}table.definitions td{vertical-align:top}
+table.definitions td:first-child{white-space:nowrap}
+#files li{margin:2px 0}
 """
 
 
@@ -228,6 +281,8 @@ def _cards(headline: dict[str, Any]) -> str:
         ("key_reused", "key reused (client bugs)", "num"),
         ("aborted", "aborted", "num"),
         ("reversed", "reversed", "num"),
+        ("acquirer_timeout_rate", "acquirer timeout rate", "rate"),
+        ("settlement_exceptions", "settlement exceptions", "num"),
         ("suspected_double_charges", "suspected double charges", "num"),
         ("exactly_once_violations", "exactly-once violations", "num"),
     ]
@@ -246,12 +301,18 @@ def _trend_charts(data: AuditData) -> str:
     days = data.daily_trend or data.fleet_days
     labels = [row["event_date"] for row in days]
     charts = [
-        line_chart(f"{title} per day", labels, [row[key] for row in days])
+        line_chart(
+            f"{title} per day",
+            labels,
+            [row[key] for row in days],
+            synthesized=data.synthesized_days,
+        )
         for key, title in (
             ("retry_rate", "Retry rate"),
             ("link_loss_rate", "Link loss"),
             ("duplicate_rate", "Duplicate rate"),
             ("in_doubt_rate", "In-doubt rate"),
+            ("acquirer_timeout_rate", "Acquirer timeout rate"),
         )
     ]
     return f'<div class="charts" id="trend">{"".join(charts)}</div>'
@@ -294,19 +355,60 @@ def _network_section(data: AuditData) -> str:
     )
 
 
+NAV = [
+    ("money", "Money"),
+    ("settlement", "Settlement"),
+    ("headline", "Headline"),
+    ("trend", "Daily trend"),
+    ("networks", "By network"),
+    ("offline", "Offline selling"),
+    ("suspects", "Suspected double charges"),
+    ("fleet-per-day", "Fleet per day"),
+    ("definitions", "Definitions"),
+    ("files", "Data files"),
+]
+
+
+def _nav() -> str:
+    return "<nav>" + "".join(f'<a href="#{a}">{escape(t)}</a>' for a, t in NAV) + "</nav>"
+
+
+def _files(data: AuditData) -> str:
+    items = "".join(
+        f'<li><a href="{escape(name)}">{escape(name)}</a> — {escape(what)}</li>'
+        for name, what in data.csv_files()
+    )
+    return (
+        '<p class="muted">Written beside this report (each also as a Parquet folder of the '
+        "same name). Text cells a spreadsheet would run as a formula start with "
+        f'<code>\'</code>.</p><ul id="files">{items}</ul>'
+    )
+
+
+def _csv(name: str) -> str:
+    return f'<a href="{name}.csv">{name}.csv</a>'
+
+
 def render(data: AuditData) -> str:
     headline = data.headline()
     suspects = data.suspected_double_charges
     shown_suspects = suspects[:MAX_SUSPECT_ROWS]
     more = len(suspects) - len(shown_suspects)
+    synthesized = data.synthesized_days
     sections = [
-        "<h1>idempay — daily audit</h1>",
+        "<h1>idempay — finance report</h1>",
         f'<p class="muted">{data.start.isoformat()} to {data.end.isoformat()} (UTC, '
-        "inclusive). Event metrics count on the event's day; key metrics on the day of the "
-        "key's first event.</p>",
+        "inclusive). Amounts in currency units. Event metrics count on the event's day; key "
+        "metrics on the day of the key's first event.</p>",
+        synthesized_note(data),
+        _nav(),
         _lake_banner(data.lake_warnings),
         _banner(data.exactly_once_violations),
-        "<h2>Headline</h2>",
+        "<h2>Money</h2>",
+        money_section(data),
+        "<h2>Settlement against the acquirer's clearing</h2>",
+        settlement_section(data),
+        '<a id="headline"></a><h2>Headline</h2>',
         _cards(headline),
         "<h2>Daily trend</h2>",
         _trend_charts(data),
@@ -343,31 +445,32 @@ def render(data: AuditData) -> str:
         offline_section(data),
         "<h2>Duplicate guard</h2>",
         duplicate_guard_section(data),
-        f"<h2>Suspected double charges ({len(suspects)})</h2>",
+        f'<h2 id="suspects">Suspected double charges ({len(suspects)})</h2>',
         '<p class="muted">Approved purchases, same merchant, terminal, card, amount and '
-        "currency, ≤ 120 s apart under different keys: a client minted a new key.</p>",
+        "currency, ≤ 120 s apart under different keys: a client minted a new key. All of "
+        f"them in {_csv('suspected_double_charges')}.</p>",
         _table(
             shown_suspects,
             [
-                ("event_date", "day", "text"),
+                ("event_date", "day", "day"),
                 ("merchant_id", "merchant", "code"),
                 ("terminal_id", "terminal", "text"),
-                ("amount", "amount", "num"),
-                ("currency", "currency", "text"),
+                ("amount", "amount", "money"),
                 ("first_transaction_id", "first", "code"),
                 ("second_transaction_id", "second", "code"),
                 ("seconds_apart", "seconds apart", "num"),
             ],
             "None.",
+            synthesized=synthesized,
         ),
         f'<p class="muted">… and {more} more in suspected_double_charges.csv.</p>'
         if more > 0
         else "",
-        "<h2>Fleet per day</h2>",
+        '<h2 id="fleet-per-day">Fleet per day</h2>',
         _table(
             data.fleet_days,
             [
-                ("event_date", "day", "text"),
+                ("event_date", "day", "day"),
                 ("transactions", "transactions", "num"),
                 ("create_requests", "creates", "num"),
                 ("retry_rate", "retry", "rate"),
@@ -375,17 +478,23 @@ def render(data: AuditData) -> str:
                 ("duplicate_rate", "duplicate", "rate"),
                 ("in_doubt_rate", "in doubt", "rate"),
                 ("lookup_found_rate", "lookup found", "rate"),
-                ("in_doubt_resolution_p95_s", "resolution p95 s", "num"),
+                ("in_doubt_resolution_p95_s", "resolution p95", "duration"),
                 ("create_p95_ms", "create p95 ms", "num"),
                 ("suspected_double_charges", "suspects", "num"),
                 ("exactly_once_violations", "violations", "num"),
             ],
             "No days.",
+            synthesized=synthesized,
+            terms="audit",
         ),
+        "<h2>Definitions</h2>",
+        report_definitions.section(),
+        "<h2>Data files</h2>",
+        _files(data),
     ]
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>idempay audit {data.start.isoformat()} – {data.end.isoformat()}</title>"
-        f"<style>{CSS}</style></head><body>{''.join(sections)}</body></html>\n"
+        f"<title>idempay finance report {data.start.isoformat()} – {data.end.isoformat()}"
+        f"</title><style>{CSS}</style></head><body>{''.join(sections)}</body></html>\n"
     )

@@ -23,7 +23,7 @@ CANNOT_KNOW = (
     "what was stored but not forwarded at a day's end. It counts what it can: "
     "<em>forwarded after day end</em>, offline transactions the server processed on a later "
     "UTC day than the one they were sold on. Amounts at risk are the amounts of forwarded "
-    "advices the issuer declined (the merchant's loss), per currency."
+    "advices the issuer declined (the merchant's loss), in their currency."
 )
 
 
@@ -114,7 +114,7 @@ def offline_section(data: AuditData) -> str:
     days = fleet_offline_per_day(data)
     labels = [row["event_date"] for row in days]
     charts = "".join(
-        line_chart(title, labels, [row[key] for row in days])
+        line_chart(title, labels, [row[key] for row in days], synthesized=data.synthesized_days)
         for key, title in (
             ("offline_rate", "Offline rate per day"),
             ("offline_decline_rate", "Offline decline rate per day"),
@@ -127,20 +127,22 @@ def offline_section(data: AuditData) -> str:
         + table(
             fleet,
             [
-                ("event_date", "day", "text"),
+                ("event_date", "day", "day"),
                 ("currency", "currency", "text"),
                 ("transactions", "transactions", "num"),
                 ("offline_transactions", "offline", "num"),
                 ("offline_rate", "offline rate", "rate"),
-                ("forward_delay_p50_s", "forward p50 s", "num"),
-                ("forward_delay_p95_s", "forward p95 s", "num"),
-                ("forward_delay_max_s", "forward max s", "num"),
+                ("forward_delay_p50_s", "forward p50", "duration"),
+                ("forward_delay_p95_s", "forward p95", "duration"),
+                ("forward_delay_max_s", "forward max", "duration"),
                 ("offline_declined", "declined", "num"),
                 ("offline_decline_rate", "decline rate", "rate"),
-                ("offline_amount_at_risk", "amount at risk", "num"),
+                ("offline_amount_at_risk", "amount at risk", "money"),
                 ("forwarded_after_day_end", "forwarded after day end", "num"),
             ],
             "No transactions in the range.",
+            synthesized=data.synthesized_days,
+            terms="offline",
         )
         + f"<h3>Terminals selling offline (top {TOP_TERMINALS})</h3>"
         + table(
@@ -151,11 +153,12 @@ def offline_section(data: AuditData) -> str:
                 ("currency", "currency", "text"),
                 ("offline_transactions", "offline", "num"),
                 ("offline_declined", "declined", "num"),
-                ("offline_amount_at_risk", "amount at risk", "num"),
+                ("offline_amount_at_risk", "amount at risk", "money"),
                 ("forwarded_after_day_end", "forwarded after day end", "num"),
-                ("forward_delay_max_s", "forward max s", "num"),
+                ("forward_delay_max_s", "forward max", "duration"),
             ],
             "No offline sale in the range.",
+            terms="offline",
         )
     )
 
@@ -171,7 +174,7 @@ def duplicate_guard_section(data: AuditData) -> str:
         {"merchant_id": m, "duplicates_blocked": b, "duplicates_overridden": o}
         for m, (b, o) in sorted(merchants.items(), key=lambda item: (-item[1][0], item[0]))
     ]
-    day, merchant = ("event_date", "day", "text"), ("merchant_id", "merchant", "code")
+    day, merchant = ("event_date", "day", "day"), ("merchant_id", "merchant", "code")
     columns = [
         ("duplicates_blocked", "blocked (409 suspected_duplicate)", "num"),
         ("duplicates_overridden", "overridden by the cashier", "num"),
@@ -181,7 +184,9 @@ def duplicate_guard_section(data: AuditData) -> str:
         "at the counter, and duplicates the cashier confirmed "
         '(<code>"allow_duplicate": true</code>; an overridden duplicate is still listed '
         "among the suspected double charges).</p>"
-        + f'<div id="duplicate-guard">{table(fleet, [day, *columns], "No days.")}</div>'
+        + '<div id="duplicate-guard">'
+        + table(fleet, [day, *columns], "No days.", synthesized=data.synthesized_days)
+        + "</div>"
         + '<p class="muted">By merchant, over the range:</p>'
         + table(per_merchant, [merchant, *columns], "No block or override in the range.")
     )

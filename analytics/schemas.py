@@ -1,4 +1,4 @@
-"""Spark schemas of the lake's three tables (contract §5), the input contract of the transforms.
+"""Spark schemas of the lake's tables (contract §5), the input contract of the transforms.
 
 They mirror ``analytics.lake``'s Arrow schemas column for column (a test keeps the two in
 step). ``event_date`` is not part of them: it is derived from each row's own UTC timestamp
@@ -51,6 +51,10 @@ TRANSACTIONS = StructType(
         StructField("offline", BooleanType(), True),
         StructField("captured_at", TimestampType(), True),
         StructField("duplicate_override", BooleanType(), True),
+        # lake schema 3: null in older partitions (not reconcilable with the clearing)
+        StructField("rrn", StringType(), True),
+        StructField("authorization_code", StringType(), True),
+        StructField("decline_reason", StringType(), True),
     ]
 )
 
@@ -63,6 +67,22 @@ LEDGER_ENTRIES = StructType(
         StructField("currency", StringType(), False),
         StructField("kind", StringType(), False),
         StructField("created_at", TimestampType(), False),
+    ]
+)
+
+# The acquirer's clearing rows (analytics.clearing), ``clearing/clearing_date=D/``.
+CLEARING = StructType(
+    [
+        StructField("rrn", StringType(), False),
+        StructField("stan", StringType(), True),
+        StructField("merchant_id", StringType(), True),
+        StructField("terminal_id", StringType(), True),
+        StructField("processing_code", StringType(), False),
+        StructField("amount", LongType(), False),
+        StructField("currency", StringType(), False),
+        StructField("authorization_code", StringType(), True),
+        StructField("approved_at", TimestampType(), False),
+        StructField("reversed_at", TimestampType(), True),
     ]
 )
 

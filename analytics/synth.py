@@ -14,6 +14,20 @@ days, events_per_day, merchants, terminals). ``--violations K`` plants K duplica
 entries on the first day, to see the report's red banner; the default is 0, as on a
 healthy server. Offline sales and the duplicate guard's blocks and overrides are planted
 always (``analytics.synth_fleet``); ``SynthResult`` keeps each, the audit's known answers.
+
+The acquirer's side too (lake schema 3): each transaction has an ``rrn``, an approval its
+``authorization_code``, a decline its ``decline_reason`` (5 % of declines
+``acquirer_timeout``: the acquirer approved, the answer was lost, the reversal advice
+reversed it), and every day of the range has its clearing partition
+(``analytics.clearing``): one row per authorization the acquirer approved — approved,
+reversed (``reversed_at`` set) and timed-out sales — so a synthesized week reconciles with
+0 exceptions. The acquirer approves a millisecond before our server commits; a payment
+that our server finished past the range's last midnight was approved at the acquirer
+within the range (its row is in the last day's clearing: the day boundary).
+Drawn from a random stream of its own, so the other tables are the same as without it.
+
+Every partition it writes carries the ``_SYNTHESIZED`` marker (``analytics.manifest``), so
+the report marks its days as synthesized, not real traffic.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analytics import clearing, manifest
 from analytics.lake import TABLES, write_partition
 from analytics.synth_fleet import (
     CARDS_PER_MERCHANT,
@@ -54,6 +69,12 @@ NETWORKS = [
 DAY = 86_400 * SECOND
 EVENTS_PER_PAYMENT = 1.1  # a first guess for a batch's size; the loop tops the day up
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_RRN_ALPHABET = np.frombuffer(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ", dtype=np.uint8)
+_DIGITS = np.frombuffer(b"0123456789", dtype=np.uint8)
+DECLINE_REASONS = ["insufficient_funds", "do_not_honour", "acquirer_timeout"]
+DECLINE_SHARES = [0.6, 0.35, 0.05]
+APPROVED, DECLINED, REVERSED = range(3)  # synth_fleet.TXN_STATUSES
+ADVICE_DELAY_S = (1.0, 30.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +102,7 @@ class SynthResult:
     # the duplicate guard (issue 17): (day, key) of each block and of each override
     planted_blocks: list[tuple[date, str]] = field(default_factory=list)
     planted_overrides: list[tuple[date, str]] = field(default_factory=list)
+    clearing_rows: int = 0
     files: list[Path] = field(default_factory=list)
 
 
@@ -152,6 +174,11 @@ class Fleet:
         self.network_names = pa.array([n[0] for n in NETWORKS])
         cards = self.rng.integers(0, 256, size=(m * CARDS_PER_MERCHANT, 32), dtype=np.uint8)
         self.fingerprints = _strings(_hex(cards))
+        self.acquirer_rng = np.random.default_rng([config.seed, 8583])
+        self.last_micros = (
+            int(datetime.combine(config.start, datetime.min.time(), tzinfo=UTC).timestamp())
+            + 86_400 * config.days
+        ) * SECOND - 1  # the range's last microsecond
 
     def batch(self, day: date, n: int) -> Batch:
         start = int(datetime.combine(day, datetime.min.time(), tzinfo=UTC).timestamp()) * SECOND
@@ -209,6 +236,8 @@ class Rows:
         reversed_at = t.concat("reversed_at", np.int64)
         captured = t.concat("captured", np.int64)
         card = fleet.links.merchant[batch.term[pay]] * CARDS_PER_MERCHANT + batch.card[pay]
+        status = t.concat("status", np.int64)
+        acquirer = self._acquirer(status)
         columns = [
             self.keys.take(pa.array(t.concat("key", np.int64))),
             self._merchant(pay),
@@ -224,8 +253,60 @@ class Rows:
             pa.array(t.concat("offline", np.bool_)),
             _ts(captured, mask=captured < 0),
             pa.array(t.concat("override", np.bool_)),
+            acquirer.rrn,
+            acquirer.authorization_code,
+            acquirer.decline_reason,
         ]
+        self.cleared = self._clearing(columns, status, acquirer)
         return pa.Table.from_arrays(columns, schema=TABLES["transactions"]), created // DAY
+
+    def _acquirer(self, status: np.ndarray) -> Acquirer:
+        rng, n = self.fleet.acquirer_rng, len(status)
+        declined = status == DECLINED
+        reason = rng.choice(len(DECLINE_REASONS), size=n, p=DECLINE_SHARES)
+        return Acquirer(
+            rrn=_strings(_RRN_ALPHABET[rng.integers(0, 36, (n, 12))]),
+            authorization_code=pc.if_else(
+                pa.array(declined),
+                pa.scalar(None, pa.string()),
+                _strings(_DIGITS[rng.integers(0, 10, (n, 6))]),
+            ),
+            decline_reason=_take(pa.array(DECLINE_REASONS), reason, mask=~declined),
+            timed_out=declined & (reason == DECLINE_REASONS.index("acquirer_timeout")),
+            stan=_strings(_DIGITS[rng.integers(0, 10, (n, 6))]),
+            advice_delay=(rng.uniform(*ADVICE_DELAY_S, n) * SECOND).astype(np.int64),
+        )
+
+    def _clearing(
+        self, columns: list[pa.Array], status: np.ndarray, acquirer: Acquirer
+    ) -> tuple[pa.Table, np.ndarray]:
+        """The acquirer's clearing rows of these transactions, and their UTC day numbers:
+        every authorization it approved (approved, reversed, timed out then reversed by
+        the advice), approved 1 ms before our server processed it (within the range)."""
+        t = self.batch.txns
+        processed = t.concat("processed", np.int64)
+        approved_at = np.minimum(processed - 1_000, self.fleet.last_micros)
+        reversed_at = np.where(
+            status == REVERSED,
+            t.concat("reversed_at", np.int64),
+            np.where(acquirer.timed_out, approved_at + acquirer.advice_delay, -1),
+        )
+        kept = (status != DECLINED) | acquirer.timed_out
+        refund = t.concat("kind", np.int64) == KINDS.index("refund")
+        rows = [
+            acquirer.rrn,
+            acquirer.stan,
+            columns[1],
+            columns[2],
+            pa.array(np.where(refund, "200000", "000000")),
+            columns[4],
+            columns[5],
+            acquirer.authorization_code,
+            _ts(approved_at),
+            _ts(reversed_at, mask=reversed_at < 0),
+        ]
+        table = pa.Table.from_arrays(rows, schema=clearing.CLEARING).filter(pa.array(kept))
+        return table, (approved_at // DAY)[kept]
 
     def ledger(self) -> tuple[pa.Table, np.ndarray]:
         le = self.batch.entries
@@ -280,6 +361,18 @@ class Rows:
         return planted
 
 
+@dataclass(frozen=True, slots=True)
+class Acquirer:
+    """The acquirer's columns of a batch's transactions (``Rows._acquirer``)."""
+
+    rrn: pa.Array
+    authorization_code: pa.Array
+    decline_reason: pa.Array
+    timed_out: np.ndarray
+    stan: pa.Array
+    advice_delay: np.ndarray
+
+
 def _day(micros: int) -> date:
     return date(1970, 1, 1) + timedelta(days=micros // DAY)
 
@@ -309,7 +402,12 @@ def synthesize(config: SynthConfig) -> SynthResult:
         tables = {
             t: pa.concat_tables(pending[day_number][t] or [TABLES[t].empty_table()]) for t in TABLES
         }
-        pending.pop(day_number, None)
+        cleared = pending.pop(day_number, {}).get(clearing.TABLE, [])
+        if epoch_day <= day_number < epoch_day + config.days:  # every day has its file
+            rows = pa.concat_tables(cleared or [clearing.CLEARING.empty_table()])
+            landed = clearing.land_rows(config.lake, day, rows, source_name="synthesized")
+            result.clearing_rows += rows.num_rows
+            result.files.append(landed.path)
         if day == config.start and config.violations:
             planted = _plant_violations(fleet.rng, tables["ledger_entries"], config.violations, day)
             tables["ledger_entries"] = pa.concat_tables([tables["ledger_entries"], planted])
@@ -317,6 +415,7 @@ def synthesize(config: SynthConfig) -> SynthResult:
             result.ledger_entries += planted.num_rows
         for table, rows in tables.items():
             path, _ = write_partition(config.lake, table, day, [rows])
+            manifest.mark_synthesized(path.parent, by=f"analytics.synth seed {config.seed}")
             result.files.append(path)
 
     for offset in range(config.days):
@@ -335,6 +434,9 @@ def synthesize(config: SynthConfig) -> SynthResult:
                 setattr(
                     result, _COUNTER[table], getattr(result, _COUNTER[table]) + rows_table.num_rows
                 )
+            cleared, days = rows.cleared
+            for number in np.unique(days).tolist():
+                pending[number][clearing.TABLE].append(cleared.filter(pa.array(days == number)))
             produced += len(batch.events.concat("ts", np.int64))
             result.planted_double_charges.extend(rows.double_charges())
             result.planted_offline.extend(rows.offline_sales())

@@ -8,19 +8,25 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
+import sys
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
+import structlog
 import typer
 
+from api.acquirer.host.cli import app as acquirer_app
 from api.config import GRACEFUL_SHUTDOWN_S, Settings
 from api.logs import configure_logging
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="idempay command line.")
 admin = typer.Typer(no_args_is_help=True, help="Administration.")
 app.add_typer(admin, name="admin")
+app.add_typer(acquirer_app, name="acquirer")
 key_admin = typer.Typer(no_args_is_help=True, help="Support tools for one idempotency key.")
 admin.add_typer(key_admin, name="key")
 webhook_admin = typer.Typer(no_args_is_help=True, help="Merchants' webhook endpoints.")
@@ -106,6 +112,77 @@ def default_workers(settings: Settings) -> int:
     return max(1, min(cores or 1, DEFAULT_CONNECTION_BUDGET // settings.db_pool_size))
 
 
+DEV_SECRET_KEY: str = Settings.model_fields["secret_key"].default
+ALLOW_DEV_SECRET = "--allow-dev-secret"
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1). Anything else — 0.0.0.0, a
+    LAN address, a host name — may be reachable from another machine."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def without_password(url: str) -> str:
+    """``url`` with the password of its user info left out (``scheme://user@host/…``); a URL
+    without one (SQLite's, a Redis without AUTH) as it is."""
+    parts = urlsplit(url)
+    if not parts.netloc or "@" not in parts.netloc:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    netloc = f"{user}@{hostport}" if user else hostport
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def startup_line(
+    settings: Settings, *, host: str, port: int, workers: int, acquirer: str
+) -> tuple[str, dict[str, Any]]:
+    """The one line ``serve`` logs before it starts: where it listens and what it uses (no
+    password), and whether the secret key is still the development default."""
+    url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    database = without_password(settings.resolved_database_url)
+    redis = without_password(settings.redis_url) if settings.redis_url else "none"
+    dev_secret = settings.secret_key == DEV_SECRET_KEY
+    message = (
+        f"idempay serving {url} — database {database}, Redis {redis}, acquirer {acquirer},"
+        f" workers {workers}"
+    )
+    if dev_secret:
+        message += (
+            "; IDEMPAY_SECRET_KEY is the development default: set it before serving anything"
+            " but this machine"
+        )
+    fields: dict[str, Any] = {
+        "url": url,
+        "database": database,
+        "redis": redis,
+        "acquirer": acquirer,
+        "workers": workers,
+        "secret_key": "development default" if dev_secret else "set",
+    }
+    return message, fields
+
+
+def refuse_dev_secret(host: str, settings: Settings, *, allowed: bool) -> str | None:
+    """Why ``serve`` must not start, or None: a bind another machine may reach while
+    ``IDEMPAY_SECRET_KEY`` is the published development default (it keys the card
+    fingerprints and the acquirer's retrieval references), unless ``--allow-dev-secret``."""
+    if allowed or is_loopback(host) or settings.secret_key != DEV_SECRET_KEY:
+        return None
+    return (
+        f"idempay serve: refusing to bind {host}: IDEMPAY_SECRET_KEY is the development"
+        " default, which anyone can read in the source. Set IDEMPAY_SECRET_KEY to a long random"
+        " string (and keep it stable: docs/operations.md), bind 127.0.0.1, or pass"
+        f" {ALLOW_DEV_SECRET} for a throwaway server."
+    )
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
@@ -119,20 +196,61 @@ def serve(
         ),
     ] = None,
     migrate_first: Annotated[bool, typer.Option("--migrate/--no-migrate")] = True,
+    allow_dev_secret: Annotated[
+        bool,
+        typer.Option(
+            ALLOW_DEV_SECRET,
+            help="Bind a non-loopback --host even though IDEMPAY_SECRET_KEY is the development"
+            " default (refused without it). For a throwaway server only.",
+        ),
+    ] = False,
 ) -> None:
     """Run the API (applies pending migrations first)."""
-    import uvicorn
-
     from api.migrate import migrate
     from api.pg_checks import warn_about_postgres
 
     settings = Settings()
+    refusal = refuse_dev_secret(host, settings, allowed=allow_dev_secret)
+    if refusal is not None:
+        typer.echo(refusal, err=True)
+        raise typer.Exit(2)
     if migrate_first:
         migrate(settings)
     warn_about_postgres(settings)
     workers = workers or default_workers(settings)
     if workers > 1:
         _prepare_multiprocess_metrics()
+    child = None
+    if not settings.acquirer_url:  # the embedded default: one simulated host for all workers
+        from api.acquirer.runtime import ChildHost
+
+        child = ChildHost.start(
+            settings.var_dir / "acquirer.sqlite3", slow_seconds=settings.acquirer_slow_seconds
+        )
+        os.environ["IDEMPAY_ACQUIRER_URL"] = child.url
+    acquirer = (
+        f"{child.url} (simulated host, a child process)"
+        if child is not None
+        else without_password(str(settings.acquirer_url))
+    )
+    # the start-up line is a record of the server's log (one JSON record per line)
+    configure_logging(settings)
+    message, fields = startup_line(
+        settings, host=host, port=port, workers=workers, acquirer=acquirer
+    )
+    logger = structlog.get_logger("idempay.serve")
+    say = logger.warning if fields["secret_key"] == "development default" else logger.info
+    say(message, **fields)
+    try:
+        _run_uvicorn(host, port, workers)
+    finally:
+        if child is not None:
+            child.stop()
+
+
+def _run_uvicorn(host: str, port: int, workers: int) -> None:
+    import uvicorn
+
     uvicorn.run(
         "api.main:app_factory",
         factory=True,
@@ -255,6 +373,35 @@ def list_keys(
     asyncio.run(run())
 
 
+@admin.command("acquirer-queue")
+def acquirer_queue(
+    all_: Annotated[
+        bool, typer.Option("--all", help="Acknowledged advices too (default: queued only).")
+    ] = False,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 100,
+) -> None:
+    """The reversal-advice queue toward the acquirer (0420/0421 until a 0430): depth, oldest
+    age, then one line per advice — kind, merchant, key, rrn, amount, attempts, next
+    attempt, last error, acknowledged."""
+    from api.acquirer import advice
+    from api.db import utcnow
+
+    async def work(engine: Any) -> None:
+        async with engine.connect() as conn:
+            depth, oldest = await advice.depth(conn, now=utcnow())
+            rows = await advice.listing(conn, pending_only=not all_, limit=limit)
+        typer.echo(f"queued {depth}\toldest {oldest:.1f} s")
+        for row in rows:
+            acknowledged = row.acknowledged_at.isoformat() if row.acknowledged_at else "queued"
+            typer.echo(
+                f"{row.kind}\t{row.merchant_id}\t{row.key}\t{row.rrn}\t"
+                f"{row.amount} {row.currency}\tattempts {row.attempts}\t"
+                f"next {row.next_attempt_at.isoformat()}\t{row.last_error or '-'}\t{acknowledged}"
+            )
+
+    _with_engine(work)
+
+
 @admin.command("revoke-key")
 def revoke_key(
     prefix: Annotated[
@@ -331,9 +478,11 @@ def _key_action(action: Any, merchant: str, key: str, reason: str) -> None:
 
     if not reason.strip():
         raise typer.BadParameter("say why", param_hint="--reason")
+    settings = Settings()
+    configure_logging(settings, stream=sys.stderr)  # stdout carries the verdict alone
     try:
         outcome = asyncio.run(
-            act(Settings(), merchant, _parse_key(key), action=action, reason=reason)
+            act(settings, merchant, _parse_key(key), action=action, reason=reason)
         )
     except UnknownMerchantError as exc:
         typer.echo(str(exc), err=True)
@@ -547,6 +696,7 @@ def relay(
             stream=settings.stream,
             batch=settings.relay_batch,
             mark_delay=settings.relay_mark_delay,
+            lease=settings.relay_lease,
         )
         try:
             if once:
@@ -563,7 +713,8 @@ def relay(
 
 @app.command()
 def completer() -> None:
-    """Run only the completer (re-drive or fence keys whose lease expired)."""
+    """Run only the completer (settle keys whose lease expired: declined / acquirer_timeout
+    with a reversal advice; an offline sale's advice repeated)."""
     from api.idempotency.completer import Completer
     from api.main import build_context
 
@@ -575,6 +726,7 @@ def completer() -> None:
         try:
             await Completer(ctx.service, interval=settings.completer_interval).run_forever()
         finally:
+            await ctx.acquirer.close()
             await ctx.engine.dispose()
 
     asyncio.run(run())

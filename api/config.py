@@ -6,6 +6,7 @@ Every setting is documented in ``docs/configuration.md``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE_DIR = Path("var")
-# The embedded SQLite's GIL switch interval (docs/benchmarks.md, "Session 7": three paired
-# runs against Python's 5 ms, SQLite creates/s x1.26, x1.19, x1.00 at ~3 % more CPU).
+# The embedded SQLite's GIL switch interval (docs/benchmarks.md, "GIL switch interval on
+# SQLite": three paired runs against Python's 5 ms, SQLite creates/s x1.26, x1.19, x1.00 at
+# ~3 % more CPU).
 SQLITE_SWITCH_INTERVAL = 0.0005
 _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd])?")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
@@ -51,20 +53,55 @@ class Settings(BaseSettings):
     relay_mark_delay: float = Field(
         default=0.0, ge=0, description="Fault injection for tests: pause between publish and mark."
     )
+    relay_lease: float = Field(
+        default=30.0,
+        gt=0,
+        description="Postgres: seconds a stopped leading relay keeps its lock and its"
+        " transactions before the database (or the standby relay) ends their sessions"
+        " (at least 3 × `--interval`).",
+    )
     purge_interval: float = Field(
         default=3600.0, gt=0, description="Seconds between retention purges (in-process)."
     )
     secret_key: str = Field(
         default="idempay-dev-secret-change-me",
-        description="Keys the card fingerprint HMAC and the issuer key derivation.",
+        description="Keys the card fingerprint HMAC and the RRN derivation (keep it stable).",
     )
-    issuer_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for the issuer.")
+    acquirer_url: str | None = Field(
+        default=None,
+        description="The acquirer host, iso8583://host:port. Unset: `idempay serve` (and an app"
+        " started without it) runs the simulated acquirer host as a child process.",
+    )
+    acquirer_connections: int = Field(
+        default=2, ge=1, le=32, description="Persistent TCP connections to the acquirer."
+    )
+    answer_within: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds a create waits for the acquirer's answer before it answers 202 (the"
+        " server finishes the key itself).",
+    )
+    acquirer_timeout: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds after which an unanswered 0200 is in doubt: the key settles declined"
+        " / acquirer_timeout and a 0420 reversal advice is queued.",
+    )
+    acquirer_slow_seconds: float = Field(
+        default=2.0, ge=0, description="The child acquirer host's tok_issuer_slow latency."
+    )
+    advice_interval: float = Field(
+        default=0.5, gt=0, description="Seconds between passes of the reversal-advice worker."
+    )
+    advice_enabled: bool = Field(default=True, description="Run the advice worker in-process.")
     issuer_deadline: float = Field(
         default=60.0, gt=0, description="Seconds after which an unanswered key is voided+aborted."
     )
-    issuer_slow_seconds: float = Field(default=2.0, ge=0, description="tok_issuer_slow latency.")
     lease_seconds: float = Field(
-        default=15.0, gt=0, description="How long a claim owns a key before it can be taken over."
+        default=15.0,
+        gt=0,
+        description="How long a claim owns a key past the acquirer timeout before it can be"
+        " taken over (its lease is acquirer_timeout + lease_seconds).",
     )
     completer_interval: float = Field(default=1.0, gt=0, description="Completer poll period (s).")
     completer_enabled: bool = Field(default=True, description="Run the completer in-process.")
@@ -115,12 +152,15 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(
         default=30, ge=1, description="Postgres connections per worker process (no overflow)."
     )
-    db_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection.")
-    pg_group_commit: bool = Field(
-        default=True,
-        description="Postgres: the one-write creates queued at one moment are written as one"
-        " statement and one commit, each answered after that commit (false: one per create).",
+    group_commit_lanes: int = Field(
+        default=1,
+        ge=1,
+        description="Batches of claims (and of finishes) written at once per worker on"
+        " Postgres. Fewer lanes,"
+        " bigger batches and fewer commits; a batch stalled past 0.1 s frees its lane either"
+        " way. SQLite always writes one batch at a time.",
     )
+    db_timeout: float = Field(default=5.0, gt=0, description="Seconds to wait for a connection.")
     header_timeout: float = Field(
         default=10.0,
         gt=0,
@@ -152,6 +192,23 @@ class Settings(BaseSettings):
         " GIL lets the holder run before it asks for it. Unset: 0.0005 on the embedded SQLite"
         " (its writer thread and the event loop hand the GIL to each other at every"
         " statement), Python's own (0.005) on Postgres; 0 keeps Python's.",
+    )
+    webhook_allow_private: str = Field(
+        default="",
+        description="Comma-separated CIDRs (e.g. 10.20.0.0/16,127.0.0.1/32) webhooks may be sent"
+        " to although they are loopback, link-local, private or otherwise not public; empty:"
+        " public addresses only (judged when an endpoint is added and at every attempt).",
+    )
+    webhook_concurrency: int = Field(
+        default=32,
+        ge=1,
+        description="Webhook attempts the worker makes at once (one at most per endpoint).",
+    )
+    webhook_lease: float = Field(
+        default=30.0,
+        gt=0,
+        description="Postgres: seconds the leading webhook worker may go without confirming its"
+        " lock before the database ends its lock session and a standby leads.",
     )
     log_level: str = Field(default="INFO", description="structlog level.")
     log_json: bool = Field(default=True, description="JSON logs (false: console renderer).")
@@ -188,6 +245,14 @@ class Settings(BaseSettings):
         parts = [part.strip() for part in value.split(",") if part.strip()]
         if len(parts) > 3 or not all(part.isdigit() for part in parts):
             raise ValueError("expected up to three integers >= 0, e.g. 700,10,10")
+        return ",".join(parts)
+
+    @field_validator("webhook_allow_private")
+    @classmethod
+    def _check_cidrs(cls, value: str) -> str:
+        parts = [part.strip() for part in value.split(",") if part.strip()]
+        for part in parts:
+            ipaddress.ip_network(part, strict=False)  # ValueError names the bad entry
         return ",".join(parts)
 
     @field_validator("tombstone_retention", "clock_skew_tolerance", mode="before")

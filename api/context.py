@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from api.acquirer.runtime import AcquirerRuntime
 from api.auth import Authenticator
 from api.config import Settings
 from api.events.writer import EventWriter
@@ -25,4 +26,5 @@ class AppContext:
     limiter: RateLimiter
     events: EventWriter
     waiters: Waiters
+    acquirer: AcquirerRuntime
     redis: Any | None = None

@@ -11,13 +11,16 @@ queue on the database lock instead of failing a lock upgrade half-way.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy.exc
 from sqlalchemy import DateTime, MetaData, event, make_url
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
@@ -70,12 +73,13 @@ def utcnow() -> datetime:
 
 def split_budget(db_pool_size: int) -> tuple[int, int]:
     """``IDEMPAY_DB_POOL_SIZE`` shared by a serving worker's two pools: (the engine's, the hot
-    path's ``DriverPool``). The hot path — every create, replay and lookup — gets three
-    quarters; the engine keeps the rest (at least one) for the general path, the completer,
-    the request-event flush and the operator's statements. A budget of 1 still opens one of
-    each (2 connections)."""
-    engine = max(1, round(db_pool_size / 4))
-    return engine, max(1, db_pool_size - engine)
+    path's ``DriverPool``). The engine writes — every create's claim and finish, the
+    settlements, the completer, the advice worker, the request-event flush; the hot path
+    reads (a replay's or a lookup's key and transaction, one round trip each). Half each,
+    the odd one to the engine (a create costs it two transactions). A budget of 1 still opens
+    one of each."""
+    hot = max(1, db_pool_size // 2)
+    return max(1, db_pool_size - hot), hot
 
 
 def create_engine(settings: Settings, *, pool_size: int | None = None) -> AsyncEngine:
@@ -99,6 +103,12 @@ def _sqlite_engine(url: str) -> AsyncEngine:
     path = url.split("///", 1)[1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+    from api.transactions.sqlite_create import out_of_space, wal_keeper, wal_limit_bytes
+
+    # The WAL's bound and the full disk (sqlite_create.WalKeeper), shared with the
+    # group-commit writer: a write transaction first restarts a WAL past its bound, and is
+    # refused before it begins while no checkpoint can finish on a full disk (503).
+    keeper = wal_keeper(path) if path and path != ":memory:" else None
     engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
 
     @event.listens_for(engine.sync_engine, "connect")
@@ -109,32 +119,68 @@ def _sqlite_engine(url: str) -> AsyncEngine:
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
+        # the WAL's bound (api/transactions/sqlite_create.py, WalKeeper): whichever
+        # connection starts the WAL over trims its file back to it
+        cursor.execute(f"PRAGMA journal_size_limit={wal_limit_bytes()}")
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
         # A long read (the lake export) asks for a plain BEGIN: a WAL snapshot, no write lock.
         deferred = conn.get_execution_options().get("sqlite_deferred_begin", False)
+        if not deferred and keeper is not None:
+            new_key = conn.get_execution_options().get("idempay_new_key", False)
+            refused = keeper.before_write(
+                lambda sql: conn.exec_driver_sql(sql).fetchone(), new_key=new_key
+            )
+            if refused is not None:  # as a failed BEGIN would be: OperationalError, a 503
+                raise sqlalchemy.exc.OperationalError(
+                    "BEGIN IMMEDIATE", None, sqlite3.OperationalError(refused)
+                )
         conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        if keeper is not None and out_of_space(context.original_exception):
+            keeper.saw(context.original_exception)
 
     return engine
 
 
+# Set while an ``atomic`` transaction is open in this task (``assert_no_transaction``).
+TRANSACTION_OPEN: ContextVar[bool] = ContextVar("idempay_transaction_open", default=False)
+
+
 @asynccontextmanager
-async def atomic(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+async def atomic(engine: AsyncEngine, *, new_key: bool = False) -> AsyncIterator[AsyncConnection]:
     """One database transaction: commit on success, roll back on any exception. Keys it
     settled (``store.complete`` / ``fence_owned``) wake this process's waiters after the
-    commit, never before it and never after a rollback."""
-    async with engine.begin() as conn:
-        try:
-            yield conn
-        except BaseException:
-            with suppress(Exception):  # an invalidated connection: its info goes with it
-                conn.info.pop(SETTLED_KEYS, None)
-            raise  # the driver's own error (a lost connection stays a 503)
-        settled = conn.info.pop(SETTLED_KEYS, ())
+    commit, never before it and never after a rollback. ``new_key``: the transaction claims a
+    new key — on a nearly full SQLite disk it is refused first (``WalKeeper.before_write``)."""
+    opened = TRANSACTION_OPEN.set(True)
+    try:
+        async with engine.connect() as conn:
+            if new_key and engine.dialect.name == "sqlite":  # only its WalKeeper reads it
+                await conn.execution_options(idempay_new_key=True)
+            async with conn.begin():
+                try:
+                    yield conn
+                except BaseException:
+                    with suppress(Exception):  # an invalidated connection: its info goes
+                        conn.info.pop(SETTLED_KEYS, None)
+                    raise  # the driver's own error (a lost connection stays a 503)
+                settled = conn.info.pop(SETTLED_KEYS, ())
+    finally:
+        TRANSACTION_OPEN.reset(opened)
     for merchant_id, key in settled:
         settled_here(merchant_id, key)
+
+
+def assert_no_transaction() -> None:
+    """The acquirer link's guard before every write to the acquirer: no database
+    transaction of ``atomic`` may be open in the calling task across a network call."""
+    if TRANSACTION_OPEN.get():
+        raise AssertionError("an acquirer call with a database transaction open")
 
 
 _INSERT_IGNORE: dict[tuple[str, str], Any] = {}

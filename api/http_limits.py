@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.errors import PROBLEM_JSON, problem_body
+from api.headers import parse_non_negative_int
 
 log = structlog.get_logger("idempay.http_limits")
 
@@ -103,7 +104,8 @@ class BodyDeadlineMiddleware:
     def _declared_too_large(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:
             if name == b"content-length":
-                return value.isdigit() and int(value) > self.limit
+                declared = parse_non_negative_int(value)
+                return declared is not None and declared > self.limit
         return False
 
     async def _send_timeout(self, scope: Scope, send: Send) -> None:

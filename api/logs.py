@@ -14,7 +14,7 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -61,7 +61,30 @@ def redact_secrets(
     return event_dict
 
 
-def configure_logging(settings: Settings) -> None:
+class _Current:
+    """``sys.stdout`` / ``sys.stderr`` as they are when a record is written, not as they were
+    when logging was configured: a host that swaps the stream (pytest's capture, a daemon
+    redirecting its output) would otherwise leave every cached logger writing to a closed
+    file."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self._name).write(text)  # type: ignore[no-any-return]
+
+    def flush(self) -> None:
+        getattr(sys, self._name).flush()
+
+
+def configure_logging(settings: Settings, *, stream: TextIO | None = None) -> None:
+    """``stream``: where the records go — stdout for the servers (default), stderr for an
+    operator's command whose stdout is its answer."""
+    out: Any = stream
+    if stream is None or stream is sys.stdout:
+        out = _Current("stdout")
+    elif stream is sys.stderr:
+        out = _Current("stderr")
     level = logging.getLevelNamesMapping().get(settings.log_level.upper(), logging.INFO)
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
@@ -78,16 +101,16 @@ def configure_logging(settings: Settings) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=True,
     )
-    _route_stdlib_logging(renderer)
+    _route_stdlib_logging(renderer, out)
 
 
-def _route_stdlib_logging(renderer: structlog.types.Processor) -> None:
+def _route_stdlib_logging(renderer: structlog.types.Processor, stream: Any) -> None:
     """uvicorn configures its loggers with plain-text handlers before it builds the app;
     replace them so the server's output stays one JSON record per line."""
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[

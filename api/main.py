@@ -19,6 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.acquirer.runtime import AcquirerRuntime
+from api.acquirer.worker import AdviceWorker
 from api.auth import Authenticator
 from api.config import GRACEFUL_SHUTDOWN_S, Settings
 from api.context import AppContext
@@ -36,8 +38,7 @@ from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
 from api.storage_errors import misconfigured
 from api.transactions.http import MAX_BODY_BYTES
-from api.transactions.inline import InlineWriter
-from api.transactions.issuer import SimulatedIssuer
+from api.transactions.inline import HotReads
 from api.transactions.lean import CreateRoute
 from api.transactions.openapi import add_component_schemas
 from api.transactions.router import router as transactions_router
@@ -97,17 +98,17 @@ def create_redis(settings: Settings) -> Any | None:
     return aioredis.Redis(connection_pool=pool)
 
 
-def inline_writer(settings: Settings, *, citus: bool) -> InlineWriter | None:
-    """The one-write create's storage (api/transactions/inline.py): a prepared statement on
-    the hot path's own asyncpg pool (its share of ``IDEMPAY_DB_POOL_SIZE``, ``split_budget``),
-    or SQLite's group-commit writer thread (not for ``:memory:``). Closed by the lifespan
-    after the last request (``service.inline.close()``)."""
+def hot_reads(settings: Settings) -> HotReads | None:
+    """The hot path's key reads (api/transactions/inline.py): prepared statements on the hot
+    path's own asyncpg pool (its share of ``IDEMPAY_DB_POOL_SIZE``, ``split_budget``), or
+    SQLite's reader thread beside the writer thread the request events ride (not for
+    ``:memory:``). Closed by the lifespan after the last request (``service.inline.close()``)."""
     if not settings.is_sqlite:
         from api.transactions.pg_create import PgInline
 
         _engine_share, hot_share = split_budget(settings.db_pool_size)
         pool = DriverPool(settings.resolved_database_url, hot_share, timeout=settings.db_timeout)
-        return PgInline(pool, citus=citus, group_commit=settings.pg_group_commit)
+        return PgInline(pool)
     path = settings.resolved_database_url.split("///", 1)[1]
     if not path or path == ":memory:":
         return None
@@ -149,8 +150,8 @@ async def database_has_citus(engine: AsyncEngine, *, wait: float = STARTUP_WAIT_
 
 async def build_context(settings: Settings) -> AppContext:
     """Everything the routes need. Asks the database once whether it has Citus, and hands
-    the answer to each part that writes or reads differently there (the one-write create,
-    the issuer simulator, the event writer, the listing); a database that does not answer
+    the answer to each part that writes or reads differently there (the event writer, the
+    listing); a database that does not answer
     within ``STARTUP_WAIT_SECONDS`` fails the start."""
     engine_share, hot_share = split_budget(settings.db_pool_size)
     engine = create_engine(settings, pool_size=engine_share)
@@ -159,23 +160,30 @@ async def build_context(settings: Settings) -> AppContext:
     except BaseException:
         await engine.dispose()
         raise
-    issuer = SimulatedIssuer(engine, slow_seconds=settings.issuer_slow_seconds, citus=citus)
+    try:
+        acquirer = await AcquirerRuntime.open(settings)
+    except BaseException:
+        await engine.dispose()
+        raise
     redis = create_redis(settings)
     cache = ResponseCache(
         redis,
         prefix=settings.redis_prefix,
         ttl=settings.cache_ttl,
         lookup_ttl=settings.lookup_cache_ttl,
-        busy_ttl=settings.lease_seconds,
+        busy_ttl=settings.acquirer_timeout + settings.lease_seconds,
     )
-    inline = inline_writer(settings, citus=citus)
-    # SQLite: the request events' flushes ride the creates' writer thread (one fsync for both)
+    inline = hot_reads(settings)
+    # SQLite: the request events' flushes ride the hot path's writer thread (one per database)
     sqlite_batches = inline if isinstance(inline, SqliteBatches) else None
     return AppContext(
         settings=settings,
         engine=engine,
         citus=citus,
-        service=TransactionService(engine, issuer, settings, cache=cache, inline=inline),
+        service=TransactionService(
+            engine, acquirer.link, settings, cache=cache, inline=inline, citus=citus
+        ),
+        acquirer=acquirer,
         auth=Authenticator(engine),
         limiter=RateLimiter(
             per_key=settings.rate_limit,
@@ -194,9 +202,10 @@ async def build_context(settings: Settings) -> AppContext:
         waiters=Waiters(
             limit=settings.waiters_max,
             listen_dsn=listen_args(settings.resolved_database_url),
-            # SQLite has no NOTIFY: a key settled by another process (a second worker, the
-            # CLI) is seen by a look once a second
-            recheck_s=SQLITE_RECHECK_S if settings.is_sqlite else None,
+            # SQLite has no NOTIFY, and on Citus the key rows' triggers fire on the workers,
+            # whose NOTIFY never reaches the API: a key settled by another process (a second
+            # worker, the CLI) is seen by a look once a second
+            recheck_s=RECHECK_S if settings.is_sqlite or citus else None,
             # woken waiters look again through half the hot path's connections at most: a
             # herd on one key never starves the other requests' pool (waiting.py)
             look_slots=hot_share // 2,
@@ -226,7 +235,7 @@ async def _purge_forever(ctx: AppContext) -> None:
             log.warning("retention_purge_failed", error=type(exc).__name__)
 
 
-SQLITE_RECHECK_S = 1.0
+RECHECK_S = 1.0
 
 
 # ``GRACEFUL_SHUTDOWN_S`` (api/config.py) is uvicorn's ``timeout_graceful_shutdown``: after
@@ -236,24 +245,34 @@ SQLITE_RECHECK_S = 1.0
 EXIT_ANSWER_MARGIN_S = 3
 
 
-def _close_waiters_on_exit_signal(waiters: Waiters, inline: InlineWriter | None = None) -> None:
+def _close_waiters_on_exit_signal(waiters: Waiters) -> None:
     """On SIGTERM/SIGINT, before uvicorn's graceful shutdown waits for the requests in
     flight, requests held by ``Prefer: wait`` answer at once with their last look (they
     would otherwise hold the shutdown until uvicorn cancels them with a bare 500); and
-    ``GRACEFUL_SHUTDOWN_S - EXIT_ANSWER_MARGIN_S`` later, creates whose batch's statement
-    still runs (a stalled commit) are answered in flight (``answer_in_flight``), not left
-    to uvicorn's bare 500. The handler uvicorn installed is chained, not replaced; outside
-    the main thread (tests driving the app in process) there is no signal to chain."""
+    ``GRACEFUL_SHUTDOWN_S - EXIT_ANSWER_MARGIN_S`` later, creates still at work are answered
+    in flight (``waiters.pass_exit``, ``waiting.before_exit``), not left to uvicorn's bare
+    500. The handler uvicorn installed is chained, not replaced; outside the main thread
+    (tests driving the app in process) there is no signal to chain.
+
+    A SIGINT after an exit signal (Ctrl-C again, or after a SIGTERM) answers the creates
+    still at work at once, in flight, and lets the shutdown go on gracefully — its lifespan
+    still flushes the request events and lets the 0200s out end — rather than handing it to
+    uvicorn, whose "force exit" would skip the lifespan and answer them a bare 500. A third
+    forces the exit.
+    """
     loop = asyncio.get_running_loop()
-    answer_in_flight = getattr(inline, "answer_in_flight", None)
+    exiting = False  # an exit signal came (SIGTERM or SIGINT)
+    held = False  # a SIGINT after it was answered here rather than forcing the exit
 
     def on_exit() -> None:
         if waiters.closing:
             return  # a second signal: the first one's timers stand
         waiters.close()
         loop.call_later(GRACEFUL_SHUTDOWN_S - EXIT_ANSWER_MARGIN_S, waiters.pass_exit)
-        if answer_in_flight is not None:
-            loop.call_later(GRACEFUL_SHUTDOWN_S - EXIT_ANSWER_MARGIN_S, answer_in_flight)
+
+    def on_second_interrupt() -> None:
+        on_exit()
+        waiters.pass_exit()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
@@ -263,6 +282,13 @@ def _close_waiters_on_exit_signal(waiters: Waiters, inline: InlineWriter | None 
         def handler(
             signum: int, frame: Any, previous: Callable[[int, Any], Any] = previous
         ) -> None:
+            nonlocal exiting, held
+            if signum == signal.SIGINT and exiting and not held:
+                # uvicorn would force the exit (after a SIGTERM too): answer, then go on
+                held = True
+                loop.call_soon_threadsafe(on_second_interrupt)
+                return
+            exiting = True
             loop.call_soon_threadsafe(on_exit)
             previous(signum, frame)
 
@@ -275,9 +301,10 @@ def settle_heap(settings: Settings) -> bool:
     ``IDEMPAY_GC_FREEZE``): set the thresholds and the GIL switch interval, then freeze what
     is alive — the imported modules, the app, the context — so a full collection under load
     walks only the objects made since, not the whole start-up heap (~136,000 objects: a full
-    collection paused the event loop 100–600 ms under load, docs/benchmarks.md, "Session
-    7"). The young generations are collected first; a full collection is not (it costs as
-    much as the pause it avoids, at every start — a test process starts many apps), so
+    collection paused the event loop 100–600 ms under load, docs/benchmarks.md, "Frozen
+    start-up heap"). The young generations are collected first; a full collection is not
+    (it costs as much as the pause it avoids, at every start — a test process starts many
+    apps), so
     start-up garbage already in the oldest generation stays, frozen, for the process's
     life: bounded, once. Returns whether it froze; the lifespan unfreezes at shutdown (an
     app started again in the same process, as the tests do, leaves nothing behind in the
@@ -307,9 +334,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             completer = Completer(ctx.service, interval=settings.completer_interval)
             app.state.completer = completer
             tasks.append(asyncio.create_task(completer.run_forever(), name="completer"))
+        if settings.advice_enabled:
+            advices = AdviceWorker(
+                ctx.engine,
+                ctx.acquirer.advise,
+                interval=settings.advice_interval,
+                observe=ctx.acquirer.observe,
+                attempt_s=settings.acquirer_timeout + 5.0,
+            )
+            app.state.advices = advices
+            tasks.append(asyncio.create_task(advices.run_forever(), name="advices"))
         tasks.append(asyncio.create_task(_purge_forever(ctx), name="retention"))
         tasks.append(asyncio.create_task(ctx.waiters.run_forever(), name="waiters"))
-        _close_waiters_on_exit_signal(ctx.waiters, ctx.service.inline)
+        _close_waiters_on_exit_signal(ctx.waiters)
         interpreter = (gc.get_threshold(), sys.getswitchinterval())
         frozen = settle_heap(settings)
         try:
@@ -320,6 +357,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gc.set_threshold(*interpreter[0])  # as before the start (a test process goes on)
             sys.setswitchinterval(interpreter[1])
             ctx.waiters.close()
+            # the 0200s still out end first (answered, or settled in doubt with an advice)
+            await ctx.service.drain(min(settings.acquirer_timeout + 1.0, 5.0))
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -328,12 +367,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await ctx.redis.aclose()
             if ctx.service.inline is not None:
                 await ctx.service.inline.close()
+            await ctx.acquirer.close()
             await ctx.engine.dispose()
 
     app = FastAPI(
         title="idempay",
         version="1.0.0",
         summary="Exactly-once card transactions for payment terminals on unreliable links.",
+        description=API_DESCRIPTION,
         lifespan=lifespan,
         docs_url=None,  # mount_docs serves /docs from the app's own assets
         redoc_url=None,
@@ -391,13 +432,34 @@ def _install_error_handlers(app: FastAPI, settings: Settings) -> None:
         return render(error)
 
 
+API_DESCRIPTION = """\
+A terminal mints a UUID per payment and sends it as `Idempotency-Key` with every attempt of
+that payment; the server processes each key at most once and answers a retry with the stored
+result. A lost answer is resolved by looking the key up (or fencing it with an abort), never
+by minting a new key.
+
+- **Authentication:** `Authorization: Bearer <api_key>` on every `/v1/transactions`
+  operation (the *Authorize* button). A key belongs to one merchant; idempotency keys are
+  scoped to it.
+- **Money:** `amount` is an integer in minor units of `currency` (1250 BRL is R$ 12.50).
+- **Errors:** RFC 9457 `application/problem+json` with a stable `code`; a 5xx never stores
+  anything under the key, so retrying with the same key is safe.
+- **Every answer** carries `X-Request-Id`; create, lookup and abort carry
+  `Idempotency-Status`.
+"""
+
+
 def _install_openapi(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             from fastapi.openapi.utils import get_openapi
 
             schema = get_openapi(
-                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+                title=app.title,
+                version=app.version,
+                summary=app.summary,
+                description=app.description,
+                routes=app.routes,
             )
             add_component_schemas(schema)
             app.openapi_schema = schema

@@ -54,7 +54,7 @@ for _endpoint, _outcomes in OUTCOMES.items():
         REQUESTS.labels(_endpoint, _outcome)
 IN_FLIGHT = Gauge(
     "idempay_in_flight_keys",
-    "Keys being driven through the issuer (summed over live workers).",
+    "Keys whose 0200 (or 0220) is out at the acquirer (summed over live workers).",
     multiprocess_mode="livesum",
 )
 REPLAYS = Counter("idempay_replays_total", "Creates answered with a stored response.")
@@ -68,6 +68,32 @@ LATE_VOID_FAILURES = Counter(
     "idempay_late_void_failures_total",
     "Voids of a late issuer answer (its key fenced meanwhile) that failed; the fence's own "
     "void and its transaction.aborted outbox event stand.",
+)
+ACQUIRER_LATE_ANSWERS = Counter(
+    "idempay_acquirer_late_answers_total",
+    "0210/0410 answers that arrived after their request was settled in doubt (ignored).",
+)
+ACQUIRER_ADVICE_DEPTH = Gauge(
+    "idempay_acquirer_advice_queue_depth",
+    "Reversal advices queued and not yet acknowledged by the acquirer.",
+    multiprocess_mode="max",
+)
+ACQUIRER_ADVICE_OLDEST_AGE = Gauge(
+    "idempay_acquirer_advice_oldest_age_seconds",
+    "Age of the oldest unacknowledged reversal advice (0 when the queue is empty).",
+    multiprocess_mode="max",
+)
+ACQUIRER_ADVICES_SENT = Counter(
+    "idempay_acquirer_advices_total", "Reversal advices sent, by result.", ["result"]
+)
+ACQUIRER_LINK_UP = Gauge(
+    "idempay_acquirer_link_up",
+    "1 when at least one connection to the acquirer is signed on.",
+    multiprocess_mode="max",
+)
+ACQUIRER_IN_DOUBT = Counter(
+    "idempay_acquirer_in_doubt_total",
+    "0200s left without an answer (timeout, or connection lost after the write).",
 )
 EVENTS_DROPPED = Counter("idempay_events_dropped_total", "Request events dropped (queue full).")
 CACHE = Counter("idempay_cache_total", "Redis response cache lookups by result.", ["result"])
@@ -89,6 +115,20 @@ OUTBOX_STREAM_OLDEST_AGE = Gauge(
     multiprocess_mode="max",
 )
 PURGED = Counter("idempay_purged_total", "Rows purged by retention, by table.", ["table"])
+GROUP_COMMIT_TRANSACTIONS = Counter(
+    "idempay_group_commit_transactions_total",
+    "Transactions the create's group commit began, by kind (claim | finish): with"
+    " idempay_group_commit_writes_total, the writes per commit.",
+    ["kind"],
+)
+GROUP_COMMIT_WRITES = Counter(
+    "idempay_group_commit_writes_total",
+    "Claims or finishes written (committed) by the create's group commit, by kind.",
+    ["kind"],
+)
+for _kind in ("claim", "finish"):
+    GROUP_COMMIT_TRANSACTIONS.labels(_kind)
+    GROUP_COMMIT_WRITES.labels(_kind)
 
 
 _LIVE_GAUGE = re.compile(r"gauge_live\w*_(\d+)\.db")

@@ -29,13 +29,13 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 MIGRATION_LOCK = 0x1DE4_3160
 
 # Sharded by merchant, colocated with the first (the same hash ranges on the same nodes): a
-# merchant's key, transaction, ledger, issuer record, outbox and request events share one
+# merchant's key, transaction, ledger, advices, outbox and request events share one
 # shard, so every statement of a create, lookup, abort or reversal routes to one node.
 DISTRIBUTED = (
     "idempotency_key",
     "transaction",
     "ledger_entry",
-    "issuer_authorization",
+    "acquirer_advice",
     "outbox_event",
     "merchant_outbox_seq",
     "request_event",

@@ -105,6 +105,9 @@ class Transaction(Base):
     # The listing's commit-ordered position (migration 0011; contract §2.7): set by the
     # database at insert — no insert names it — NULL on Citus, 0 for rows older than 0011.
     listing_pos: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The key's retrieval reference at the acquirer (field 37, contract §2.9): the lake's
+    # join key with the clearing file. NULL for rows written before migration 0013.
+    rrn: Mapped[str | None] = mapped_column(String(12), nullable=True)
 
 
 # The terminal listing (GET /v1/transactions?terminal_id=…): keyset pages by (created_at, id).
@@ -163,22 +166,30 @@ class RequestEvent(Base):
     exported_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
-class IssuerAuthorization(Base):
-    """The issuer simulator's own record, keyed by the derived issuer idempotency key. Its
-    merchant places it on the merchant's shard on Citus (``''`` from writers that predate
-    the column: migration 0008)."""
+class AcquirerAdvice(Base):
+    """The reversal-advice queue (store and forward, contract §2.9): one row per key whose
+    authorization must be undone at the acquirer — an in-doubt 0200 (``timeout``), a fenced
+    claim whose 0200 may have left (``abort``), a reversal of an approval (``reversal``).
+    Written in the transaction that settles the key; repeated (0420, then 0421) by the
+    advice worker until a 0430 sets ``acknowledged_at``."""
 
-    __tablename__ = "issuer_authorization"
-    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True, server_default="")
-    issuer_key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    result: Mapped[str] = mapped_column(String(16))
-    decline_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    authorization_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    __tablename__ = "acquirer_advice"
+    merchant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    rrn: Mapped[str] = mapped_column(String(12))
+    terminal_id: Mapped[str] = mapped_column(String(64))
+    type: Mapped[str] = mapped_column(String(16))
     amount: Mapped[int] = mapped_column(BigInteger)
     currency: Mapped[str] = mapped_column(String(3))
-    calls: Mapped[int] = mapped_column(Integer, default=1)
+    original_stan: Mapped[str] = mapped_column(String(6))
+    original_transmitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    voided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_error: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    acknowledged_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    __table_args__ = (Index("ix_acquirer_advice_pending", "acknowledged_at", "next_attempt_at"),)
 
 
 class MerchantOutboxSeq(Base):

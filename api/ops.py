@@ -16,7 +16,13 @@ from api.metrics import exposition
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz")
+@router.get(
+    "/healthz",
+    summary="Liveness",
+    description="The process is alive (no storage is asked). Terminals may read the server's "
+    "clock off this answer's `Date` header; it is never cached.",
+    operation_id="healthz",
+)
 async def healthz(response: Response) -> dict[str, str]:
     # Terminals read the server's clock off this answer's Date (their first-payment clock
     # check): a cache must never hand them a stale one.
@@ -39,7 +45,14 @@ _METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/readyz", responses=_READY_RESPONSES)
+@router.get(
+    "/readyz",
+    responses=_READY_RESPONSES,
+    summary="Readiness",
+    description="The database is reachable (200); Redis being out is reported as `degraded`, "
+    "not down. 503 when the database cannot be reached.",
+    operation_id="readyz",
+)
 async def readyz(request: Request) -> Response:
     ctx = request.app.state.ctx
     database = "ok"
@@ -71,12 +84,22 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": status, "checks": checks})
 
 
-@router.get("/metrics", response_class=Response, responses=_METRICS_RESPONSES)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses=_METRICS_RESPONSES,
+    summary="Prometheus metrics",
+    operation_id="metrics",
+)
 async def metrics(request: Request) -> Response:
     return Response(exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/idempotency-policy")
+@router.get(
+    "/v1/idempotency-policy",
+    summary="Retention policy",
+    operation_id="idempotencyPolicy",
+)
 async def idempotency_policy(request: Request) -> dict[str, Any]:
     """How long keys, tombstones and responses are kept (also in the README)."""
     settings = request.app.state.ctx.settings
@@ -95,8 +118,8 @@ async def idempotency_policy(request: Request) -> dict[str, Any]:
         "tombstone_min_age_seconds": retention + settings.clock_skew_tolerance,
         "response_retention": "permanent (stored with the key)",
         "lease_seconds": settings.lease_seconds,
-        "issuer_timeout_seconds": settings.issuer_timeout,
-        "issuer_deadline_seconds": settings.issuer_deadline,
+        "answer_within_seconds": settings.answer_within,
+        "acquirer_timeout_seconds": settings.acquirer_timeout,
         "rule": "A create whose captured_at (or UUIDv7 key time) is older than the tombstone "
         "retention window is refused (410 request_expired), one further ahead of the server's "
         "clock than the tolerance is refused (422 clock_skew), and tombstones are kept at least "

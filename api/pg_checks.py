@@ -3,11 +3,11 @@ when ``idempay serve`` and ``idempay migrate`` start (docs/operations.md, "Postg
 
 Only one so far: **autovacuum** (with ``track_counts``, which it needs). Postgres plans a
 prepared statement once and keeps the plan until the table's statistics change — and
-without autovacuum they never do. Measured here (issue 13, session 6): the ledger's
-foreign-key check (``SELECT 1 FROM ONLY transaction … FOR KEY SHARE``, run inside every
-create) planned while ``transaction`` was empty picks the merchant's listing index and
-filters on the id, so each create read every row of its merchant — the create fell from
-~600 to ~90 a second within a minute on a fresh database, and stays there. A server with
+without autovacuum they never do. Measured here (docs/benchmarks.md, "Postgres without
+autovacuum"): the ledger's foreign-key check (``SELECT 1 FROM ONLY transaction … FOR KEY
+SHARE``, run inside every create) planned while ``transaction`` was empty picks the merchant's
+listing index and filters on the id, so each create read every row of its merchant — the create
+fell from ~600 to ~90 a second within a minute on a fresh database, and stays there. A server with
 autovacuum analyzes a table after 50 rows + 10 % of it change, which invalidates those
 plans. A warning, not a refusal: the server still answers correctly, only slower.
 """

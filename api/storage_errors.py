@@ -6,12 +6,17 @@ import asyncpg
 import sqlalchemy.exc
 
 
+class StorageUnavailableError(ConnectionError):
+    """The database could not take the write now (connection lost, refused, disk full):
+    answered 503, and nothing was acknowledged — a retry with the same key is safe."""
+
+
 def storage_unavailable(exc: BaseException) -> bool:
     """True for "the database cannot serve us now" (connect refused, pool exhausted, too many
     clients, connection lost, a primary demoted under us): answered 503, retry-safe.
     Constraint violations and other statement errors are bugs, not outages, and stay 500.
-    One judgement for both paths: SQLAlchemy's wrapped errors and the one-write path's raw
-    asyncpg errors."""
+    One judgement for both paths: SQLAlchemy's wrapped errors and the hot path's raw
+    asyncpg errors (its key reads, ``api.db.DriverPool``)."""
     if isinstance(exc, STORAGE_ERRORS):
         return True
     if isinstance(exc, sqlalchemy.exc.DBAPIError):
@@ -19,6 +24,21 @@ def storage_unavailable(exc: BaseException) -> bool:
             return True
         return _sqlstate(exc.orig).startswith(UNAVAILABLE_SQLSTATES)
     return _sqlstate(exc).startswith(UNAVAILABLE_SQLSTATES)
+
+
+def end_unseen(exc: BaseException) -> bool:
+    """For a storage error met while a statement ran (``storage_unavailable``): True when it
+    does not prove the statement rolled back — the connection lost or reset mid-statement, or
+    the server ending the session (a FATAL error: 57P01 admin_shutdown, 57P02
+    crash_shutdown), which may come after the commit record reached the WAL (a wait for a
+    synchronous standby cut short, a crash right after the commit). False for an ERROR the
+    server answered for the statement (a read-only node, a resource limit, a cancel): the
+    statement's transaction was rolled back, nothing of it committed."""
+    if not isinstance(exc, asyncpg.PostgresError):
+        return True  # the client's side: connection closed, reset, left mid-operation
+    if getattr(exc, "severity", None) in ("FATAL", "PANIC"):
+        return True
+    return _sqlstate(exc).startswith(("08", "57P"))
 
 
 def misconfigured(exc: BaseException) -> bool:

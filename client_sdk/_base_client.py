@@ -4,7 +4,9 @@ and building its steps, and translating between httpx and the protocol's replies
 
 Times the server judges — ``captured_at``, ``expires_at`` and the UUIDv7 key's time — are
 taken from the device clock corrected by the offset learned from ``Date`` headers, so a
-terminal whose clock is days off still sells."""
+terminal whose clock is days off still sells. An offset describes one clock: it is used only
+while the device clock keeps its relation to the boot clock it was learned against (a step —
+NTP, the operator, an RTC reset — or a reboot drops it until the server is heard again)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
 from typing import Any, Generic, Literal, TypedDict, TypeVar
 
 import httpx
@@ -37,15 +38,15 @@ from ._effects import (
     Steps,
     Store,
 )
-from ._exceptions import IdempayError
+from ._exceptions import IdempayError, UnauthorizedError
 from ._forward import forward_stored
-from ._journal import Journal, new_owner
+from ._journal import Journal, KeptClock, new_owner
 from ._keys import uuid7
 from ._models import Card, Recovered, Transaction, card_from
 from ._offline import OfflinePolicy
 from ._protocol import pay, recover
 from ._request import build_body
-from ._retry import RetryPolicy
+from ._retry import RetryPolicy, parse_http_date
 
 __all__ = [
     "MAX_DEADLINE_S",
@@ -74,6 +75,10 @@ NETWORKS = frozenset({"gprs", "3g", "4g", "wifi", "ethernet", "other"})
 # The server's Date header has a resolution of one second: a smaller offset is noise.
 CLOCK_SKEW_TOLERANCE_S = 2.0
 CLOCK_KEEP_STEP_S = 1.0  # the journal's copy of the offset is rewritten when it moved this much
+CLOCK_STEP_TOLERANCE_S = 5.0
+"""The device clock moved against the boot clock by more than this since the offset was
+learned: the clock was stepped (NTP, the operator, an RTC reset), and the offset, learned for
+the clock before the step, is dropped (contract §4.11)."""
 LINK_DOWN_CONNECT_S = 2.0
 """While the link is known down, a request gets this long (at most its timeout) to connect:
 a connect timeout is certain to have sent nothing, so a sale still never becomes offline
@@ -101,6 +106,22 @@ def monotonic_epoch(monotonic: Callable[[], float] | None) -> str:
     return f"boot:{boot}" if boot else f"process:{PROCESS_EPOCH}"
 
 
+def boot_clock(monotonic: Callable[[], float] | None) -> Callable[[], float]:
+    """The clock an offset's device clock is compared with: an injected monotonic clock
+    as is; else the boot clock (Linux ``CLOCK_BOOTTIME``: it counts suspend, so only a
+    step of the device clock moves the difference), else ``time.monotonic``."""
+    if monotonic is not None and monotonic is not time.monotonic:
+        return monotonic
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        try:
+            time.clock_gettime(boottime)
+        except OSError:
+            return time.monotonic
+        return lambda: time.clock_gettime(boottime)
+    return time.monotonic
+
+
 MAX_CLOCK_SAMPLE_RTT_S = 2.0  # a slower round trip says too little about the server's clock
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 # No connection to the server could be made at all (refused, no route, DNS, connect timeout):
@@ -109,8 +130,10 @@ _LINK_DOWN = (httpx.ConnectError, httpx.ConnectTimeout)
 OfflineDeclineHandler = Callable[[Transaction], object]
 """``on_offline_decline``: called with the issuer's decline of a forwarded offline payment."""
 OfflineErrorHandler = Callable[[IdempayError], object]
-"""``on_offline_error``: called with ``AdviceTooOldError``, ``StoredPaymentOverdueError`` or
-the ``PaymentAbortedError`` of a fenced key — a stored payment the merchant must reconcile."""
+"""``on_offline_error``: called with ``AdviceTooOldError``, ``StoredPaymentOverdueError``, the
+server's refusal of a stored advice's body (``ValidationFailedError``, ``PayloadTooLargeError``)
+or the ``PaymentAbortedError`` of a fenced key — a stored payment the merchant must
+reconcile."""
 
 
 def reply_from(response: httpx.Response) -> HttpReply:
@@ -283,6 +306,7 @@ class BaseClient(Generic[_TransportT, _SleepT]):
         _check_number("timeout", timeout, low=0.0, high=600.0, low_ok=False)
         _check_number("abort_grace_s", abort_grace_s, low=0.0, high=MAX_DEADLINE_S, low_ok=True)
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
+        self._api_key = api_key  # named (by its first characters) in a 401's message
         if network is not None:
             headers["POS-Network"] = network
         self.terminal_id = terminal_id
@@ -294,7 +318,9 @@ class BaseClient(Generic[_TransportT, _SleepT]):
         self._owns_journal = not isinstance(journal, Journal)
         self.journal = journal if isinstance(journal, Journal) else Journal(journal)
         self.clock_offset_s: float | None = None  # server clock − ours, from Date headers
-        self._kept_offset: float | None = None  # the offset the journal holds
+        self._offset_reference: float | None = None  # device − boot clock when it was learned
+        self._boot_clock = boot_clock(monotonic)
+        self._kept: KeptClock | None = None  # the offset the journal holds
         self._clock_asked = False  # the server was asked its time once (before a payment)
         self._link_down_at: float | None = None  # monotonic: a full connect failed then
         self._ctx = Context(
@@ -307,39 +333,79 @@ class BaseClient(Generic[_TransportT, _SleepT]):
             server_clock=self._server_clock,
             rng=random.Random(seed),
             offline=offline,
-            clock_known=lambda: self.clock_offset_s is not None,
+            clock_known=lambda: self._current_offset() is not None,
             epoch=monotonic_epoch(monotonic),
         )
         self._inherit_clock()
         self._connect(base_url, transport=transport, timeout=timeout, sleep=sleep)
 
+    def _clock_relation(self) -> float:
+        """The device clock minus the boot clock: constant until the device clock steps."""
+        return self._ctx.clock() - self._boot_clock()
+
+    def _same_clock(self, reference: float | None) -> bool:
+        return (
+            reference is not None
+            and abs(self._clock_relation() - reference) <= CLOCK_STEP_TOLERANCE_S
+        )
+
     def _inherit_clock(self) -> None:
-        """The offset an earlier process learned (journal), so a terminal rebooted while
-        offline still stamps corrected times — unless the device clock went backwards since
-        it was learned (an RTC reset, a dead battery): then that offset means nothing, and
-        the clock stays unknown until the server is heard (contract §4.11)."""
+        """The offset an earlier process of this boot learned (journal), so a terminal whose
+        app restarts while offline still stamps corrected times — only for the same clock:
+        the same boot, the device clock not stepped since (its relation to the boot clock
+        unchanged) and not earlier than when it was learned. Otherwise (a reboot, an NTP
+        step, an RTC reset) that offset described another clock: the clock stays unknown
+        until the server is heard (contract §4.11)."""
         try:
-            kept = self.journal.clock_offset()
+            kept = self.journal.kept_clock()
         except Exception:  # noqa: BLE001 - best effort: the clock stays unknown
             return
         if kept is None:
             return
-        offset, device_at = kept
-        self._kept_offset = offset
-        if self._ctx.clock() >= device_at - CLOCK_SKEW_TOLERANCE_S:
-            self.clock_offset_s = offset
+        self._kept = kept
+        if kept.epoch != self._ctx.epoch or not self._same_clock(kept.reference):
+            return
+        if self._ctx.clock() >= kept.device_at - CLOCK_SKEW_TOLERANCE_S:
+            self.clock_offset_s = kept.offset_s
+            self._offset_reference = kept.reference
 
-    def _keep_clock(self, offset: float, device_at: float) -> None:
-        """Persist a newly learned offset when it moved (≥ 1 s): one small write, not one
-        per answer. Best effort: a journal failure here changes no payment."""
-        kept = self._kept_offset
-        if kept is not None and abs(kept - offset) < CLOCK_KEEP_STEP_S:
+    def _current_offset(self) -> float | None:
+        """The learned offset, while the device clock is still the one it was learned for;
+        after a step it is dropped, and the next payment asks the server its time again
+        (a sale before that is stamped on the raw device clock, under a UUIDv4 key)."""
+        offset = self.clock_offset_s
+        if offset is None or self._same_clock(self._offset_reference):
+            return offset
+        self.clock_offset_s = None
+        self._offset_reference = None
+        self._clock_asked = False
+        return None
+
+    def _keep_clock(self, offset: float, device_at: float, reference: float) -> None:
+        """Persist a newly learned offset when it (or the clock it describes) moved: one
+        small write, not one per answer. Best effort: a journal failure here changes no
+        payment."""
+        kept, epoch = self._kept, self._ctx.epoch
+        if (
+            kept is not None
+            and abs(kept.offset_s - offset) < CLOCK_KEEP_STEP_S
+            and kept.epoch == epoch
+            and kept.reference is not None
+            and abs(kept.reference - reference) <= CLOCK_STEP_TOLERANCE_S
+        ):
             return
         try:
-            self.journal.save_clock_offset(offset, device_at=device_at)
+            self.journal.save_clock_offset(
+                offset, device_at=device_at, reference=reference, epoch=epoch
+            )
         except Exception:  # noqa: BLE001 - the in-memory offset still corrects this process
             return
-        self._kept_offset = offset
+        self._kept = KeptClock(offset, device_at, reference, epoch)
+
+    def _name_key(self, exc: BaseException) -> None:
+        """A 401 raised to the caller says which ``api_key`` the server refused."""
+        if isinstance(exc, UnauthorizedError):
+            exc._name_key(self._api_key)
 
     def _connect(
         self, base_url: str, *, transport: _TransportT | None, timeout: float, sleep: _SleepT | None
@@ -364,12 +430,16 @@ class BaseClient(Generic[_TransportT, _SleepT]):
         received_at = self._ctx.clock()
         if not 0 <= received_at - sent_at <= MAX_CLOCK_SAMPLE_RTT_S:
             return
+        when = parse_http_date(date)
+        if when is None:
+            return
         try:
-            server = parsedate_to_datetime(date).timestamp() + 0.5
-        except (TypeError, ValueError, IndexError, OverflowError):
+            server = when.timestamp() + 0.5
+        except (ValueError, OverflowError):  # a year-1 date with a positive offset
             return
         self.clock_offset_s = server - (sent_at + received_at) / 2
-        self._keep_clock(self.clock_offset_s, received_at)
+        self._offset_reference = self._clock_relation()
+        self._keep_clock(self.clock_offset_s, received_at, self._offset_reference)
 
     def link_known_down(self) -> bool:
         """Whether a request's connect timed out (its full timeout) within the last
@@ -394,7 +464,7 @@ class BaseClient(Generic[_TransportT, _SleepT]):
             self._link_down_at = self._ctx.monotonic()
 
     def _server_now(self, local: float) -> float:
-        offset = self.clock_offset_s
+        offset = self._current_offset()
         if offset is None or abs(offset) < CLOCK_SKEW_TOLERANCE_S:
             return local
         return local + offset
@@ -428,7 +498,7 @@ class BaseClient(Generic[_TransportT, _SleepT]):
         # server time known yet (booted offline: the server never answered, no offset kept)
         # the SDK makes no such claim: a random UUIDv4, judged by captured_at alone, which
         # a stored sale may have re-stamped once the offset is known (contract §4.11).
-        if self.clock_offset_s is None and not self._clock_asked:
+        if self._current_offset() is None and not self._clock_asked:
             key = str(uuid.uuid4())
         else:
             key = str(uuid7(unix_ms=int(server_started * 1000)))

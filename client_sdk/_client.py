@@ -66,7 +66,8 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
     - ``offline``: an ``OfflinePolicy`` to sell while the server cannot be reached at all
       (store and forward; off by default). ``on_offline_decline(transaction)``: the issuer
       declined a forwarded offline payment; ``on_offline_error(error)``: a stored payment
-      to reconcile (``AdviceTooOldError``, ``StoredPaymentOverdueError``, a fenced key).
+      to reconcile (``AdviceTooOldError``, ``StoredPaymentOverdueError``, a body the server
+      refused: ``ValidationFailedError``, a fenced key).
     - ``base_backoff``, ``max_backoff``, ``max_retries``: **deprecated** (one release) —
       ``RetryPolicy(base=, cap=, max_retries=)``; they warn (``DeprecationWarning``), and
       passing any of them together with ``retry`` is a ``TypeError``.
@@ -194,8 +195,9 @@ class Client(BaseClient[httpx.BaseTransport, Callable[[float], None]]):
     def _run(self, steps: Steps[_T]) -> _T:
         try:
             return self._interpret(steps)
-        except BaseException:
+        except BaseException as exc:
             steps.close()  # interrupted: the protocol ends its drive (no effect runs)
+            self._name_key(exc)
             raise
 
     def _interpret(self, steps: Steps[_T]) -> _T:
@@ -351,8 +353,9 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, Callable[[float], Awaitab
     async def _run(self, steps: Steps[_T]) -> _T:
         try:
             return await self._interpret(steps)
-        except BaseException:
+        except BaseException as exc:
             steps.close()  # cancelled: the protocol ends its drive (no effect runs)
+            self._name_key(exc)
             raise
 
     async def _interpret(self, steps: Steps[_T]) -> _T:

@@ -159,7 +159,38 @@ class IdempotencyKeyInvalidError(APIError):
 
 
 class UnauthorizedError(APIError):
-    """The API key is missing or unknown."""
+    """The server does not accept the client's ``api_key`` (unknown, revoked or empty).
+
+    ``str(error)`` names the key the client was given by its first 8 characters (what
+    ``idempay admin list-keys`` shows), never the whole key; ``detail`` is the server's."""
+
+    def _name_key(self, api_key: str) -> None:
+        """Say which ``api_key`` was refused (called by the client that was given it)."""
+        status = self.status if self.status is not None else 401
+        self.message = _unauthorized_message(status, _key_label(api_key))
+        self.args = (self.message,)
+
+
+# What ``idempay admin list-keys`` shows of a key; an API key is 47 characters.
+_SHOWN_KEY_CHARS = 8
+
+
+def _key_label(api_key: str) -> str:
+    if not api_key:
+        return "an empty string"
+    if len(api_key) < 2 * _SHOWN_KEY_CHARS:
+        return f"{len(api_key)} characters long: not a whole key"
+    return f"{api_key[:_SHOWN_KEY_CHARS]}…"
+
+
+def _unauthorized_message(status: int, label: str | None = None) -> str:
+    given = "the api_key this client was given" + (f" ({label})" if label else "")
+    return (
+        f"{status} unauthorized: the server does not accept {given}: it is unknown to this "
+        "server, revoked, or empty. Pass the merchant's current API key as the client's "
+        "api_key (`idempay admin list-keys` shows each key's first 8 characters; "
+        "`idempay admin create-key` makes one)."
+    )
 
 
 class NotFoundError(APIError):
@@ -405,8 +436,13 @@ def error_from_response(status: int, headers: Mapping[str, str], body: object) -
     detail = raw_detail if isinstance(raw_detail, str) else None
     raw_title = problem.get("title")
     title = raw_title if isinstance(raw_title, str) else f"HTTP {status}"
-    message = f"{status} {code or title}" + (f": {detail}" if detail else "")
-    return _error_class(status, code)(
+    error_class = _error_class(status, code)
+    if error_class is UnauthorizedError:
+        # the server's detail speaks HTTP ("Send Authorization: …"); an SDK user set api_key
+        message = _unauthorized_message(status)
+    else:
+        message = f"{status} {code or title}" + (f": {detail}" if detail else "")
+    return error_class(
         message,
         code=code,
         status=status,

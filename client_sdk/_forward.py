@@ -1,17 +1,23 @@
 """Store and forward as sans-I/O steps (contract §4.12; the pure pieces are ``_offline``).
 
 ``store_offline`` ends a sale that could not reach the server at all: the journal holds it
-STORED (or the policy refuses it: ``OfflineLimitError``), with the clocks of that moment
+STORED (or the policy refuses it: ``OfflineLimitError``; or the server would refuse it —
+checked by ``_validate`` with the server's own rules — and it ends with the server's error,
+``ValidationFailedError``, nothing sent), with the clocks of that moment
 (``stamp``: the corrected time, the raw device time, the monotonic time and its epoch,
 whether the offset was known). ``forward_stored`` settles what was stored — oldest first,
 each under its lease, with the SAME key, as an advice:
 
 - the server's transaction (approved, or declined: ``on_offline_decline``) → RESOLVED;
-- 422 ``advice_too_old``, or the key fenced → REPORTED, ``on_offline_error``: never
-  processed, kept for the merchant to reconcile;
-- a refusal about this one entry (``clock_skew``, a 4xx about its body; the lookup that
-  follows finds nothing under the key) → still STORED, and the pass goes on to the next
-  entry: one stuck advice never holds back the ones behind it;
+- 422 ``advice_too_old``, a refusal of its body no resend can change (422
+  ``validation_error`` / ``pan_not_allowed``, 413), or the key fenced → REPORTED,
+  ``on_offline_error``: never processed, kept for the merchant to reconcile;
+- another refusal about this one entry (``clock_skew``, 401, …; the lookup that follows
+  finds nothing under the key) → still STORED, and the pass goes on to the next entry: one
+  stuck advice never holds back the ones behind it;
+- the advice in flight on the server (202, 409 ``request_in_progress``: its issuer has not
+  answered) → still STORED (the server finishes it; the next pass looks again), and the
+  pass goes on to the next entry;
 - the link down, or no definitive answer after the retries → still STORED, and the pass
   stops there (the entries behind it are not tried: they would only wait for the same
   timeouts);
@@ -20,9 +26,9 @@ each under its lease, with the SAME key, as an advice:
   the largest of the estimates the entry's stamp allows (``stored_age``), so an entry
   stamped in the future by a clock running ahead cannot dodge it.
 
-**Re-stamp.** An advice stamped while no server offset was known (``captured_at`` from the
-raw device clock, under a UUIDv4 key) and refused ``clock_skew`` or ``advice_too_old`` —
-refusals that store nothing — is re-stamped once, when the lookup that follows finds nothing
+**Re-stamp.** An advice refused ``clock_skew`` or ``advice_too_old`` — refusals that store
+nothing — whatever its stamp (stamped on the raw device clock, under a UUIDv4 key, or with
+an offset that proved wrong) is re-stamped once, when the lookup that follows finds nothing
 under the key (404): ``captured_at`` becomes the sale's time on the server's clock, from the
 monotonic time recorded at the sale (same monotonic origin only: the boot, or the process
 — ``Context.epoch``) and the offset now known; the
@@ -43,20 +49,23 @@ from typing import Any, Literal
 from ._actions import Fence, Finish, GiveUp, Phase, Reject, Retry, next_action
 from ._context import Context, Run, send
 from ._drive import driven
-from ._effects import Claim, NoReply, Notify, Peek, Release, Steps, Store, Unfinished
+from ._effects import Claim, HttpReply, NoReply, Notify, Peek, Release, Steps, Store, Unfinished
 from ._exceptions import (
     APIConnectionError,
     APIError,
     IdempayError,
     JournalError,
     OfflineLimitError,
+    PayloadTooLargeError,
     PaymentAbortedError,
     StoredPaymentError,
     StoredPaymentOverdueError,
+    ValidationFailedError,
 )
 from ._journal import JournalEntry
 from ._models import JournalState, Recovered, Transaction
 from ._offline import advice_body, offline_result, stamp_age
+from ._validate import refusal
 
 __all__ = ["clock_stamp", "forward_stored", "store_offline", "stored_age"]
 
@@ -94,6 +103,9 @@ def store_offline(run: Run) -> Steps[Transaction]:
     ctx, key = run.ctx, run.key
     assert ctx.offline is not None
     advice = advice_body(run.entry.request_json)
+    invalid = refusal(advice)
+    if invalid is not None:  # the server would refuse it: never sold offline
+        yield from _invalid(run, *invalid)
     try:
         stored = yield Store(key, advice, ctx.offline, ctx.server_clock(), clock_stamp(ctx))
     except JournalError:
@@ -112,6 +124,23 @@ def store_offline(run: Run) -> Steps[Transaction]:
         )
     run.state = STORED
     return offline_result(key, advice)
+
+
+def _invalid(run: Run, code: str, problems: list[dict[str, Any]]) -> Steps[None]:
+    """End a sale the server would refuse (``_validate``) as the server's refusal would
+    have: nothing was sent, never charged — the same error a sale online gets."""
+    error_type = PayloadTooLargeError if code == "payload_too_large" else ValidationFailedError
+    detail = "; ".join(f"{'.'.join(str(part) for part in p['loc'])} {p['msg']}" for p in problems)
+    error = error_type(
+        f"payment {run.key}: {code}: the server would refuse this sale ({detail}); it was not "
+        "sold offline: nothing was sent, never charged",
+        code=code,
+        detail=detail,
+        body={"code": code, "detail": detail, "errors": problems},
+    )
+    outcome = {"kind": "error", "code": code, "status": None, "detail": detail}
+    yield from run.record(JournalState.RESOLVED, outcome=outcome)
+    raise error
 
 
 def forward_stored(ctx: Context, *, owner: str) -> Steps[list[Recovered]]:
@@ -141,6 +170,12 @@ _SETTLED = "settled"
 
 class _EntryRefused(StoredPaymentError):
     """A refusal about this entry alone (its cause): it stays STORED, the pass goes on."""
+
+
+class _InFlight(StoredPaymentError):
+    """The server holds the advice in flight (202, 409 ``request_in_progress``: its issuer
+    has not answered): it stays STORED, the server finishes it, and the pass goes on — one
+    stuck advice holds back nothing."""
 
 
 def _forward_entry(
@@ -221,6 +256,12 @@ def _advise(run: Run) -> Steps[Transaction]:
             reply = yield from send(ctx, "GET", run.path(), timeout=ctx.timeout)
         if isinstance(reply, NoReply) and not reply.sent:  # still offline: try later
             raise APIConnectionError(f"{run.key}: {reply.error}", sent=False)
+        if _in_flight(reply):  # the link answers: go on to the next entry
+            raise _InFlight(
+                f"stored payment {run.key}: the server is still processing it (its issuer "
+                "has not answered); it stays stored and is looked up again at the next pass",
+                key=run.key,
+            )
         action = next_action(phase, reply, now=ctx.now(), expect=run.expect)
         if isinstance(action, Finish):
             return (yield from _forwarded(run, action))
@@ -249,7 +290,7 @@ def _advise(run: Run) -> Steps[Transaction]:
                 # a new body under the same key: its own sends (this happens once)
                 restamped, refused, phase, sends = True, None, Phase.CREATE, 0
                 continue
-            if refused.code == "advice_too_old":
+            if refused.code in _REFUSED_FOR_GOOD:
                 yield from _refused(run, refused, _error_outcome(refused))
             raise _EntryRefused(
                 f"stored payment {run.key}: refused ({refused}); it stays stored and is "
@@ -266,6 +307,20 @@ def _advise(run: Run) -> Steps[Transaction]:
     ) from last
 
 
+def _in_flight(reply: HttpReply | NoReply) -> bool:
+    """An answer saying the key is being processed now (not a lost answer, not a 5xx)."""
+    if not isinstance(reply, HttpReply):
+        return False
+    code = reply.body.get("code") if isinstance(reply.body, dict) else None
+    return reply.status == 202 or (reply.status == 409 and code == "request_in_progress")
+
+
+_REFUSED_FOR_GOOD = frozenset(
+    {"advice_too_old", "validation_error", "pan_not_allowed", "payload_too_large"}
+)
+"""Refusals of an advice that no resend can change (its age, its body): once the lookup
+shows nothing under the key, the entry ends REPORTED, never STORED forever."""
+
 RESTAMP_MIN_S = 1.0
 """A re-stamp that would move ``captured_at`` less than this is not one: the time was
 right, and the refusal stands."""
@@ -274,8 +329,9 @@ _RESTAMPED = frozenset({"clock_skew", "advice_too_old"})
 
 
 def _restamp(run: Run) -> Steps[bool]:
-    """Re-stamp ``captured_at`` of an advice stamped on the raw device clock (no offset
-    known then), now that the offset is known: the sale's time on the server's clock is
+    """Re-stamp ``captured_at`` of a refused advice now that the offset is known (whatever
+    its stamp said: the raw device clock, or an offset that proved wrong — the re-stamp
+    does not rely on it): the sale's time on the server's clock is
     now minus the monotonic time elapsed since the sale — only on the monotonic origin
     that recorded it (``Context.epoch``: the boot, or the process; another boot's monotonic
     time means nothing). Journaled (old and new time) before it is sent; False when it
@@ -283,7 +339,7 @@ def _restamp(run: Run) -> Steps[bool]:
     ctx = run.ctx
     outcome = dict(run.entry.outcome or {})
     stamp = outcome.get("clock")
-    if not isinstance(stamp, dict) or stamp.get("offset_known") or "restamped" in outcome:
+    if not isinstance(stamp, dict) or "restamped" in outcome:
         return False
     if stamp.get("epoch") != ctx.epoch or not ctx.clock_known():
         return False

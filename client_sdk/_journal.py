@@ -45,7 +45,7 @@ from ._journal_file import check_identity, open_database
 from ._models import JournalState
 from ._offline import Limit, OfflineExposure, OfflinePolicy, exposure, refusal, stamp_age
 
-__all__ = ["Journal", "JournalEntry", "new_owner", "owner_alive"]
+__all__ = ["Journal", "JournalEntry", "KeptClock", "new_owner", "owner_alive"]
 
 _COLUMNS = (
     "key, request, state, attempts, outcome, deadline, reverse_late_approval, "
@@ -72,6 +72,19 @@ class JournalEntry:
         """The journaled request body, parsed (what is sent, and resent, under ``key``)."""
         parsed: dict[str, Any] = json.loads(self.request_json)
         return parsed
+
+
+@dataclass(frozen=True, slots=True)
+class KeptClock:
+    """The server clock offset a process learned, and the clock it was learned for: the
+    device time then, ``reference`` (the device clock minus the boot clock, which only a
+    step of the device clock moves) and ``epoch`` (names the boot clock's origin). None for
+    either: kept by an SDK that did not record it."""
+
+    offset_s: float
+    device_at: float
+    reference: float | None
+    epoch: str | None
 
 
 def _entry(row: tuple[Any, ...]) -> JournalEntry:
@@ -338,14 +351,42 @@ class Journal:
             ).fetchone()
         return None if row is None else (float(row[0]), float(row[1]))
 
-    def save_clock_offset(self, offset_s: float, *, device_at: float) -> None:
-        """Keep the server clock offset just learned (committed before it returns)."""
+    def kept_clock(self) -> KeptClock | None:
+        """The server clock offset last learned, with the clock it was learned for; None if
+        none was ever kept."""
+        with self._open():
+            row = self._db.execute(
+                "SELECT offset_s, device_at, reference, epoch FROM journal_clock WHERE id = 1"
+            ).fetchone()
+        if row is None:
+            return None
+        offset, device_at, reference, epoch = row
+        return KeptClock(
+            float(offset),
+            float(device_at),
+            None if reference is None else float(reference),
+            None if epoch is None else str(epoch),
+        )
+
+    def save_clock_offset(
+        self,
+        offset_s: float,
+        *,
+        device_at: float,
+        reference: float | None = None,
+        epoch: str | None = None,
+    ) -> None:
+        """Keep the server clock offset just learned (committed before it returns), with the
+        clock it describes: ``reference`` (the device clock minus the boot clock then) and
+        the boot clock's ``epoch``."""
         with self._open():
             self._db.execute(
-                "INSERT INTO journal_clock (id, offset_s, device_at, learned_at) "
-                "VALUES (1, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET offset_s = excluded.offset_s,"
-                " device_at = excluded.device_at, learned_at = excluded.learned_at",
-                (offset_s, device_at, _now()),
+                "INSERT INTO journal_clock (id, offset_s, device_at, learned_at, reference, "
+                "epoch) VALUES (1, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                "offset_s = excluded.offset_s, device_at = excluded.device_at, "
+                "learned_at = excluded.learned_at, reference = excluded.reference, "
+                "epoch = excluded.epoch",
+                (offset_s, device_at, _now(), reference, epoch),
             )
 
     def close(self) -> None:

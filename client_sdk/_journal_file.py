@@ -18,11 +18,13 @@ from ._exceptions import JournalError
 
 __all__ = ["SCHEMA_VERSION", "FileIdentity", "check_identity", "open_database"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """1: journal_entry; 2: + the driver's lease (lease_owner, lease_until); 3: + the offline
 states STORED and REPORTED (store and forward). An SDK older than 3 refuses the file, so it
 can never fence a payment the terminal sold offline. 4: + journal_clock, the server clock
-offset last learned (so a reboot while offline still stamps corrected times)."""
+offset last learned (so a new process while offline still stamps corrected times). 5: +
+journal_clock.reference and .epoch, the clock the offset was learned for (the device clock
+minus the boot clock, and the boot): an offset is used only for that same clock."""
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS {name} (
@@ -50,6 +52,7 @@ CREATE TABLE IF NOT EXISTS journal_clock (
     device_at REAL NOT NULL,
     learned_at TEXT NOT NULL
 )"""
+_CLOCK_COLUMNS = (("reference", "REAL"), ("epoch", "TEXT"))
 _COPIED = (
     "key, request, state, attempts, outcome, deadline, reverse_late_approval, created_at, "
     "updated_at, lease_owner, lease_until"
@@ -135,3 +138,7 @@ def _bring_up(db: sqlite3.Connection) -> None:
     db.execute("DROP INDEX IF EXISTS ix_journal_entry_open")
     db.execute(_OPEN_INDEX)
     db.execute(_CLOCK_TABLE)
+    clock_columns = {row[1] for row in db.execute("PRAGMA table_info(journal_clock)")}
+    for name, kind in _CLOCK_COLUMNS:
+        if name not in clock_columns:
+            db.execute(f"ALTER TABLE journal_clock ADD COLUMN {name} {kind}")

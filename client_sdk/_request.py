@@ -2,9 +2,9 @@
 
 The body is serialized exactly once; every attempt resends the journaled bytes, so the
 server's payload fingerprint can never differ between attempts of one key. A body that
-carries something that looks like a card number (12-19 digits passing Luhn, in any
-string, or in an integer inside ``metadata``) is refused locally so that a PAN is never
-written to the terminal's disk.
+carries something that looks like a card number (12-19 digits passing Luhn anywhere in
+it: a string, a number, a key — the server's own rule, ``_sale_rules.contains_pan``) is
+refused locally so that a PAN is never written to the terminal's disk.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, Literal
 
 from ._exceptions import PanNotAllowedError
 from ._models import Card
+from ._sale_rules import contains_pan
 
 __all__ = ["build_body", "contains_pan", "iso_utc"]
 
 _CURRENCY = re.compile(r"[A-Z]{3}")
-_SEPARATORS = re.compile(r"[ -]")
 
 
 def iso_utc(moment: datetime) -> str:
@@ -30,37 +30,6 @@ def iso_utc(moment: datetime) -> str:
         raise ValueError("datetimes must be timezone-aware")
     text = moment.astimezone(UTC).isoformat(timespec="milliseconds")
     return text.replace("+00:00", "Z")
-
-
-def _luhn(digits: str) -> bool:
-    total = 0
-    for index, char in enumerate(reversed(digits)):
-        value = int(char) * (2 if index % 2 else 1)
-        total += value - 9 if value > 9 else value
-    return total % 10 == 0
-
-
-def _looks_like_pan(text: str) -> bool:
-    digits = _SEPARATORS.sub("", text)
-    return digits.isdigit() and 12 <= len(digits) <= 19 and _luhn(digits)
-
-
-def contains_pan(value: object, *, check_ints: bool = False) -> bool:
-    """True when any string (or, with ``check_ints``, any integer) looks like a PAN."""
-    if isinstance(value, str):
-        return _looks_like_pan(value)
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return check_ints and _looks_like_pan(str(value))
-    if isinstance(value, Mapping):
-        return any(
-            contains_pan(k, check_ints=check_ints) or contains_pan(v, check_ints=check_ints)
-            for k, v in value.items()
-        )
-    if isinstance(value, list | tuple):
-        return any(contains_pan(item, check_ints=check_ints) for item in value)
-    return False
 
 
 def build_body(
@@ -99,7 +68,7 @@ def build_body(
         body["metadata"] = dict(metadata)
     if allow_duplicate:
         body["allow_duplicate"] = True
-    if contains_pan(body) or contains_pan(metadata, check_ints=True):
+    if contains_pan(body):  # the server's own rule (``_sale_rules``): what it would refuse
         raise PanNotAllowedError(
             "pan_not_allowed: the request carries something that looks like a card number",
             code="pan_not_allowed",

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-__all__ = ["RetryPolicy", "backoff", "parse_retry_after"]
+__all__ = ["RetryPolicy", "backoff", "parse_http_date", "parse_retry_after"]
 
 _MAX_EXPONENT = 60
+# delay-seconds (RFC 9110 §10.2.3: 1*DIGIT), with a decimal fraction tolerated; ASCII only —
+# float() would also take "١٢", "1e3", "+5" and "1_0".
+_DELAY_SECONDS = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,6})?")
+_OWS = " \t"
 
 
 def backoff(attempt: int, *, base: float, cap: float, rng: random.Random) -> float:
@@ -30,24 +35,26 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     """
     if value is None:
         return None
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        return _seconds_until_date(text, now)
-    if not math.isfinite(seconds) or seconds < 0:
+    text = value.strip(_OWS)
+    if _DELAY_SECONDS.fullmatch(text):
+        return float(text)
+    when = parse_http_date(text)
+    return None if when is None else max(0.0, (when - now).total_seconds())
+
+
+def parse_http_date(text: str) -> datetime | None:
+    """An HTTP-date (RFC 9110 §5.6.7: IMF-fixdate, or the obsolete RFC 850 and asctime forms
+    a recipient must still accept) as an aware datetime; None for anything else, never an
+    exception. Printable ASCII only (the e-mail parser's ``int()`` takes "٢٠"). An HTTP-date
+    is always UTC: one the parser found no zone in (asctime, ``-0000``) is UTC, never the
+    terminal's local time."""
+    if not (text.isascii() and text.isprintable()):
         return None
-    return seconds
-
-
-def _seconds_until_date(text: str, now: datetime) -> float | None:
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - now).total_seconds())
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,15 @@
   ``EXPORT_TIMEOUT_S``, and by the phase's time left (``Tracker``); ``stop()`` ends the
   loop's export in flight (SIGTERM, then SIGKILL) instead of waiting for it.
 - ``NoisyNeighbour``: one merchant floods the API with ``tok_issuer_down`` creates from
-  ``connections`` threads (each key holds an issuer call until its timeout, then the
-  completer re-drives it until the issuer deadline voids it), while a victim merchant sends
-  ``tok_issuer_timeout`` payments (the first issuer call times out, the completer finishes
-  the key about a second after the 202) and follows each by lookup. contract §2: every victim
-  payment must end approved, within the issuer deadline, whatever the flood does.
+  ``connections`` threads (the acquirer never answers them: each key holds its 0200 until
+  the acquirer timeout, then settles in doubt with a reversal advice queued), while a victim
+  merchant sends ``tok_issuer_timeout`` payments (the acquirer approves and never answers the
+  first 0200: in doubt too, declined ``acquirer_timeout``) and follows each by lookup.
+  contract §2: every victim payment must end — approved or declined, final — within the
+  deadline, whatever the flood does, counted from the victim's first create. The run's
+  schedule keeps every acquirer episode out of the flood and its victims' time
+  (``chaos.NEEDS_ACQUIRER``), so an "Acquirer unreachable" answer here is the server's
+  doing, not an episode's: it is counted (``unreachable``) and the clock is not reset.
 
 Both talk straight to the API (not through the chaos proxy): the link's faults are the
 fleet's business; these measure the server.
@@ -145,12 +149,21 @@ class Exporter:
             self._stop.wait(self.pause_s)
 
 
+def _acquirer_unreachable(answer: httpx.Response) -> bool:
+    """A 503 whose problem says the acquirer could not be reached (no 0200 left)."""
+    try:
+        return "Acquirer unreachable" in str(answer.json().get("title", ""))
+    except ValueError:
+        return False
+
+
 @dataclass
 class Victim:
     key: str
     sent: float  # monotonic
     status: str = "unsettled"  # approved | declined | aborted | expired | unsettled
     finished: float | None = None
+    unreachable: int = 0  # creates answered 503 "Acquirer unreachable" (retried)
 
     @property
     def seconds(self) -> float | None:
@@ -242,6 +255,8 @@ class NoisyNeighbour:
                             headers={"Idempotency-Key": victim.key},
                         )
                         created = answer.status_code in (201, 202, 409)
+                        if answer.status_code == 503 and _acquirer_unreachable(answer):
+                            victim.unreachable += 1  # retried; its deadline still runs
                     else:
                         answer = http.get(f"/v1/transactions/{victim.key}")
                 except httpx.HTTPError:
@@ -257,9 +272,11 @@ class NoisyNeighbour:
                 time.sleep(0.25)
 
     def late_or_lost(self) -> list[Victim]:
-        """Victims not approved within the deadline: each one a violation."""
+        """Victims not final (approved or declined) within the deadline: each a violation."""
         return [
             v
             for v in self.results
-            if v.status != "approved" or v.seconds is None or v.seconds > self.deadline_s
+            if v.status not in ("approved", "declined")
+            or v.seconds is None
+            or v.seconds > self.deadline_s
         ]

@@ -7,8 +7,11 @@ leads its own process group, which is then signalled whole). The private Postgre
 found by its ``postmaster.pid`` (``pg_ctl`` detaches the postmaster from the harness).
 
 ``sweep(root)`` stops whatever of that is still running: SIGTERM, then SIGKILL after
-``grace_s``; the postmaster SIGQUIT (immediate shutdown), then SIGKILL. The harness calls
-it last in its own cleanup (after stopping each process in order).
+``grace_s``; the postmaster SIGQUIT (immediate shutdown), then SIGKILL; then every file
+system mounted under the run's folder is unmounted (``unmount_under``: the SQLite
+disk-full episode's loop disk — a mount left there would keep the folder from being
+removed, and its loop device attached). The harness calls it last in its own cleanup
+(after stopping each process in order).
 
 ``python -m idempay_tools._chaos_reaper PARENT_PID ROOT``: the harness starts this watcher
 in a session of its own; it waits for the harness to exit and, if the harness did not say
@@ -21,15 +24,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CLEAN", "KEEP", "Registry", "Tracked", "postmaster_pid", "start_time", "sweep"]
+__all__ = [
+    "CLEAN",
+    "KEEP",
+    "Registry",
+    "Tracked",
+    "mounts_under",
+    "postmaster_pid",
+    "start_time",
+    "sweep",
+    "unmount_under",
+]
 
 REGISTRY = ".pids"
 CLEAN = ".clean"
@@ -108,8 +123,40 @@ def postmaster_pid(root: Path) -> int | None:
     return pid if pid is not None and start_time(pid) is not None else None
 
 
+def mounts_under(root: Path) -> list[Path]:
+    """Mount points inside ``root`` (deepest first), from ``/proc/self/mountinfo``."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    inside = str(root.resolve()).rstrip("/") + "/"
+    found = []
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        if point.startswith(inside):
+            found.append(Path(point))
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def unmount_under(root: Path) -> list[str]:
+    """Unmount every file system mounted inside ``root`` (lazily when still busy); what
+    was unmounted. Called once the run's processes are stopped."""
+    done = []
+    for point in mounts_under(root):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            plain = subprocess.run(["umount", str(point)], capture_output=True, timeout=20)
+            if plain.returncode != 0:
+                subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=20)
+            done.append(f"mount {point}")
+    return done
+
+
 def sweep(root: Path, *, grace_s: float = 5.0) -> list[str]:
-    """Stop every registered process still running and the postmaster; what it stopped."""
+    """Stop every registered process still running and the postmaster, then unmount what
+    is mounted inside ``root``; what it stopped and unmounted."""
     running = Registry(root).running()
     postmaster = postmaster_pid(root)
     stopped = [f"{t.label} (pid {t.pid})" for t in running]
@@ -124,14 +171,15 @@ def sweep(root: Path, *, grace_s: float = 5.0) -> list[str]:
         if not any(t.alive() for t in running) and (
             postmaster is None or start_time(postmaster) is None
         ):
-            return stopped
+            break
         time.sleep(0.1)
-    for tracked in running:
-        tracked.signal(signal.SIGKILL)
-    if postmaster is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(postmaster, signal.SIGKILL)
-    return stopped
+    else:
+        for tracked in running:
+            tracked.signal(signal.SIGKILL)
+        if postmaster is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(postmaster, signal.SIGKILL)
+    return stopped + unmount_under(root)
 
 
 def _watch(parent: int, root: Path) -> int:

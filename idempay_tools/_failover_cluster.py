@@ -37,8 +37,17 @@ from idempay_tools.serve_process import free_port
 
 LOCAL = "127.0.0.1"
 TTL_S, LOOP_WAIT_S, RETRY_TIMEOUT_S = 20, 2, 5
+# From etcd up to a streaming standby: ~20 s here, minutes on a loaded two-core machine
+# (initdb, the first checkpoint and pg_basebackup compete with everything else running).
+BOOTSTRAP_S = 300.0
+BOOTSTRAP_ATTEMPTS = 3  # Patroni exits when a bootstrap fails; started again on new ports
 
-__all__ = ["Etcd", "PatroniCluster", "PatroniNode"]
+
+class NodeExited(RuntimeError):
+    """A Patroni daemon exited while the cluster waited on it."""
+
+
+__all__ = ["Etcd", "NodeExited", "PatroniCluster", "PatroniNode"]
 
 
 def _tail(path: Path, size: int = 3000) -> str:
@@ -168,6 +177,12 @@ class PatroniNode:
             "tags": {"nofailover": False, "noloadbalance": False},
         }
 
+    def new_ports(self) -> None:
+        self.pg_port, self.rest_port = free_port(), free_port()
+
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
     def start(self) -> None:
         patroni = shutil.which("patroni")
         if patroni is None:
@@ -239,13 +254,30 @@ class PatroniCluster:
     def node(self, name: str) -> PatroniNode:
         return next(n for n in self.nodes if n.name == name)
 
-    def start(self, *, timeout: float = 120.0) -> None:
+    def start(self, *, timeout: float = BOOTSTRAP_S) -> None:
+        """etcd, then pg0 until Patroni's ``/cluster`` names it leader, then pg1 until it
+        streams as the (synchronous) standby, all within ``timeout``."""
+        deadline = time.monotonic() + timeout
         self.etcd.start()
-        self.nodes[0].start()
-        self.wait(lambda m: self._role(m, "pg0") == "leader", timeout, "pg0 to lead")
-        self.nodes[1].start()
+        self._bootstrap(self.nodes[0], lambda m: self._role(m, "pg0") == "leader", deadline,
+                        "pg0 to lead")  # fmt: skip
         want = "sync_standby" if self.sync else "replica"
-        self.wait(lambda m: self._streaming(m, "pg1", want), timeout, f"pg1 as {want}")
+        self._bootstrap(self.nodes[1], lambda m: self._streaming(m, "pg1", want), deadline,
+                        f"pg1 as {want}")  # fmt: skip
+
+    def _bootstrap(self, node: PatroniNode, done: Any, deadline: float, what: str) -> None:
+        """Start ``node`` and wait for the cluster's state ``done``. A Patroni whose
+        bootstrap fails (its PostgreSQL did not come up, e.g. its port was taken meanwhile)
+        cancels the attempt in etcd and exits: it is started again, on new ports."""
+        for attempt in range(1, BOOTSTRAP_ATTEMPTS + 1):
+            node.start()
+            try:
+                self.wait(done, deadline - time.monotonic(), what, watch=node)
+                return
+            except NodeExited:
+                if attempt == BOOTSTRAP_ATTEMPTS:
+                    raise
+                node.new_ports()
 
     def members(self) -> list[dict[str, Any]]:
         """Patroni's view of the cluster (``GET /cluster`` on the first node that answers)."""
@@ -274,15 +306,29 @@ class PatroniCluster:
     def leader(self) -> dict[str, Any] | None:
         return next((m for m in self.members() if m.get("role") == "leader"), None)
 
-    def wait(self, done: Any, timeout: float, what: str) -> float:
-        """Poll ``/cluster`` until ``done(members)``; the monotonic time it held."""
+    def wait(
+        self, done: Any, timeout: float, what: str, *, watch: PatroniNode | None = None
+    ) -> float:
+        """Poll ``/cluster`` until ``done(members)``; the monotonic time it held. With
+        ``watch``, fails at once (``NodeExited``) if that node's Patroni exits."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if done(self.members()):
                 return time.monotonic()
+            if watch is not None and watch.exited():
+                raise NodeExited(f"failover: {watch.name}'s Patroni exited waiting for "
+                                 f"{what}:\n{self._logs()}")  # fmt: skip
             time.sleep(0.2)
-        logs = "\n".join(f"--- {n.name}\n{_tail(n.root / 'patroni.log')}" for n in self.nodes)
-        raise RuntimeError(f"failover: timed out waiting for {what}: {self.members()}\n{logs}")
+        raise RuntimeError(
+            f"failover: timed out after {timeout:.0f} s waiting for {what}: "
+            f"{self.members()}\n{self._logs()}"
+        )
+
+    def _logs(self) -> str:
+        return "\n".join(
+            f"--- {n.name}\n{_tail(n.root / 'patroni.log')}{_tail(n.root / 'patroni.out')}"
+            for n in self.nodes
+        )
 
     def stall_replication(self, leader: PatroniNode) -> list[int]:
         """SIGSTOP the leader's WAL senders: the standby stops receiving (a stalled link)."""

@@ -25,16 +25,54 @@ creates while another's ``tok_issuer_timeout`` payments must finish within the i
 deadline); a link outage (issue 16, ``idempay_tools._chaos_outage``: half the fleet's link
 refuses every connection, those terminals sell offline under their offline policy, two of
 them are SIGKILLed holding stored payments and rebooted, and everything stored is
-forwarded once the link is back). Each lands in its own slot of the run; a 5-minute run
-holds every kind at least once (worker and terminal kills three times), a short run (the
-``make test`` variant) each kind once.
+forwarded once the link is back); a PostgreSQL backend SIGKILLed while it runs a create's
+statement (``idempay_tools._chaos_pgkill``: the postmaster ends every backend and recovers;
+a create cut so may have committed and is never answered 503). A 5-minute run holds every
+kind at least once (worker and terminal kills three times), a short run (the ``make test``
+variant) each kind once. Beside them: the SQLite disk-full episode
+(``idempay_tools._chaos_diskfull``, its own server and disk).
+
+The acquirer (``idempay_tools._chaos_acquirer``): the simulated acquirer host runs as a
+process of its own for the whole run (the API and its sidecars reach it by
+``IDEMPAY_ACQUIRER_URL``; ``IDEMPAY_ACQUIRER_TIMEOUT`` 10 s), with one of each of its
+episodes per run: a latency spike, dropped answers, answers later than the acquirer
+timeout, dropped connections, ``kill -9`` of the host (restarted on the same store and
+port) and an outage (down, then up; 30 s when the run has room for it).
+
+The schedule (``plan``), one for the whole run, in seconds from the fleet's start:
+
+1. a warm-up (``min(15 s, duration / 10)``) with no fault;
+2. the server's faults, each in its own slot of ``(duration − warm-up) / count`` seconds
+   (order and offset in the slot from the seed), the link outage in the first slot (its
+   window is set on the terminals' clocks when the fleet starts);
+3. quiet windows: around each server fault whose checks assume a reachable acquirer
+   (``NEEDS_ACQUIRER``: the link outage — its terminals' stored payments must be forwarded
+   and processed; the noisy neighbour — its victims must be final within the issuer
+   deadline), from ``QUIET_LEAD_S`` before it until its hold and its tail are over;
+4. the acquirer's episodes, one at a time, each (hold + ``EPISODE_TAIL_S``) inside the time
+   left free by the warm-up, the quiet windows and the run's last seconds — shortened in
+   proportion when that time is short, never moved into a quiet window (past the end of
+   the run instead, as a last resort). Server faults outside the quiet windows may
+   overlap an episode.
+
+As the run goes, ``Run._claim`` keeps the same rule when a fault runs late (a restore or a
+slow recovery delays the faults after it on its thread): an episode waits while a fault of
+``NEEDS_ACQUIRER`` runs (until it has recovered) or while the link outage is due before
+the episode would be over; the noisy neighbour waits while an episode runs; a fault that
+began late says so in its detail.
 
 After the run the terminals stop selling and settle their journals, the completer and the
 relay drain, the API stops (flushing its request events), a final export runs, and the
-checks run: contract §8 on the database and the journals (``idempay_tools.invariants``),
+checks run: contract §8 on the database and the journals and, once the reversal-advice
+queue has drained (waited for while the API still runs, bounded), on the acquirer's own
+store — at most one 0200 per key, its net approvals equal to the approved transactions by
+RRN, every ``acquirer_timeout`` decline advised (``idempay_tools.invariants``), and the
+settlement reconciliation (``idempay_tools._chaos_settlement``): the acquirer's clearing
+file of each day written from its store, landed in the run's lake and reconciled by the
+DuckDB reference — no exception, and its matches the approved transactions one to one,
 every outbox event relayed, nothing stuck processing, no 500 answered, no terminal process
 died on its own, no payment refused for a skewed clock, no raw storage error after a send,
-no stale answer after the restore, every victim of the flood approved in time, and the lake
+no stale answer after the restore, every victim of the flood final in time, and the lake
 (``idempay_tools._chaos_lake``): every request event in the database in the lake exactly
 once; and the offline checks (``_chaos_outage.check_offline``): every payment sold offline
 forwarded and processed exactly once, or refused as the contract says, none left stored or
@@ -48,9 +86,10 @@ and command inside it is capped by that deadline, and a phase that overruns is n
 output (and fails the run); the whole run has a deadline (``--deadline``, by default
 derived from the duration), and a phase blocked past its deadline is interrupted
 (SIGALRM). Every process the run starts is registered by PID
-(``idempay_tools._chaos_reaper``): SIGTERM, SIGINT or SIGHUP stop them all and remove the
-run's folder before the harness exits (status 128 + the signal), and a watcher process
-does the same if the harness itself dies without cleaning up (SIGKILL).
+(``idempay_tools._chaos_reaper``): SIGTERM, SIGINT or SIGHUP stop them all, unmount the
+disk-full episode's loop disk and remove the run's folder before the harness exits
+(status 128 + the signal), and a watcher process does the same if the harness itself dies
+without cleaning up (SIGKILL).
 
 Exit status 0 only when every check holds. ``--report PATH`` writes the run as Markdown
 (``docs/reliability.md`` under ``make chaos``).
@@ -79,6 +118,14 @@ from typing import Any, TypeVar
 import httpx
 
 from idempay_tools import _chaos_report as report
+from idempay_tools._chaos_acquirer import (
+    ACQUIRER_KINDS,
+    ACQUIRER_TIMEOUT_S,
+    EPISODE_TAIL_S,
+    ChaosAcquirer,
+    acquirer_plan,
+    episode,
+)
 from idempay_tools._chaos_budget import (
     CLEANUP_S,
     Interrupted,
@@ -87,6 +134,7 @@ from idempay_tools._chaos_budget import (
     install_signal_handlers,
     total_budget,
 )
+from idempay_tools._chaos_diskfull import Beside
 from idempay_tools._chaos_fleet import Probe, Tally, TerminalProcess
 from idempay_tools._chaos_lake import check_lake
 from idempay_tools._chaos_outage import (
@@ -100,7 +148,7 @@ from idempay_tools._chaos_outage import (
     outage_indices,
     stored_keys,
 )
-from idempay_tools._chaos_phases import Exporter, NoisyNeighbour
+from idempay_tools._chaos_phases import Exporter, NoisyNeighbour, run_days
 from idempay_tools._chaos_reaper import CLEAN, KEEP, sweep
 from idempay_tools._chaos_services import (
     ROOT,
@@ -111,6 +159,7 @@ from idempay_tools._chaos_services import (
     Tracker,
     migrate_and_keys,
 )
+from idempay_tools._chaos_settlement import Settlement, check_settlement
 from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
 from idempay_tools.serve_process import say
 
@@ -134,6 +183,7 @@ KINDS = (
     "rolling_restart",
     "noisy_neighbour",
     "link_outage",
+    "backend_kill",
 )
 LONG_COUNTS = {
     "worker_kill": 3,
@@ -146,11 +196,24 @@ LONG_COUNTS = {
     "rolling_restart": 1,
     "noisy_neighbour": 1,
     "link_outage": 1,  # one outage window per run (the terminals' OutageLink holds one)
+    "backend_kill": 2,
 }
+BACKEND_WAIT_S = 30.0  # a create's statement must be running within this to be cut (they are brief)
+ADVICE_DRAIN_S = 150.0  # the reversal-advice queue must drain within this after the run
 RECOVER_TIMEOUT_S = 90.0
 JOURNAL_FULL_BYTES = 4096  # RLIMIT_FSIZE: every journal write past the first page fails
 RESTORE_FLUSH_MARGIN_S = 1.0  # events answered just before a dump, flushed after it
 SIGKILL_EVENT_LOSS_S = 5.0  # a SIGKILLed worker's unflushed events: answered this long before
+# The server's faults whose checks assume a reachable acquirer, and how long after the end
+# of their hold it must stay reachable (planned; the run also waits for them to finish):
+# the link outage until the terminals have forwarded what they stored (their payments and
+# the offline checks go through the acquirer); the noisy neighbour until its victims are
+# final (each waits out the acquirer timeout, then its decline: contract §2's deadline).
+NEEDS_ACQUIRER = {
+    "link_outage": 10.0,
+    "noisy_neighbour": ACQUIRER_TIMEOUT_S + 5.0,
+}
+QUIET_LEAD_S = 1.0  # a quiet window opens this long before its fault
 
 
 def event_loss_windows(
@@ -165,7 +228,7 @@ def event_loss_windows(
     outages = [
         (f.injected, f.recovered or f.healed or f.injected)
         for f in faults
-        if f.kind in ("postgres_restart", "db_restore") and f.injected
+        if f.kind in ("postgres_restart", "db_restore", "backend_kill") and f.injected
     ]
     windows: list[tuple[float, float]] = []
     for kill in (f.injected for f in faults if f.kind == "worker_kill" and f.injected):
@@ -188,7 +251,7 @@ def storage_down_windows(faults: list[Fault]) -> list[tuple[float, float]]:
     return [
         (f.injected - STORAGE_DOWN_MARGIN_S, f.recovered or f.healed or time.monotonic())
         for f in faults
-        if f.kind == "postgres_restart" and f.injected
+        if f.kind in ("postgres_restart", "backend_kill") and f.injected
     ]
 
 
@@ -210,10 +273,17 @@ class Fault:
 
 
 def plan(duration_s: float, seed: int) -> list[Fault]:
-    """The fault schedule: each fault in its own slot after a warm-up, order and offsets
-    drawn from ``seed`` (the link outage first). At least 5 minutes: ``LONG_COUNTS``;
-    shorter: each kind once."""
-    rng = random.Random(f"{seed}:plan")
+    """The run's one fault schedule, in seconds from the fleet's start. The server's faults
+    first: each in its own slot after a warm-up (``(duration − warm-up) / count`` each),
+    order and offsets drawn from ``seed``, the link outage in the first slot. At least
+    5 minutes: ``LONG_COUNTS``; shorter: each kind once. Then the acquirer's episodes
+    (``_chaos_acquirer.acquirer_plan``), in the time the server's schedule leaves them: never
+    inside a quiet window — from ``QUIET_LEAD_S`` before each fault of ``NEEDS_ACQUIRER``
+    until its hold and its ``NEEDS_ACQUIRER`` tail are over — nor in the warm-up, and one
+    at a time; server faults other than those may overlap them (their recovery is then
+    read with the acquirer's episode on: the report's "at s" column shows both). The run
+    keeps to the same rule when a fault runs late (``Run._claim``)."""
+    rng = random.Random(f"{seed}:plan")  # the server's faults (the acquirer's: their own)
     counts = LONG_COUNTS if duration_s >= 300 else dict.fromkeys(KINDS, 1)
     kinds = [kind for kind, n in counts.items() for _ in range(n)]
     rng.shuffle(kinds)
@@ -233,10 +303,23 @@ def plan(duration_s: float, seed: int) -> list[Fault]:
         "rolling_restart": 0.0,
         "noisy_neighbour": min(20.0, slot * 0.6),
         "link_outage": min(20.0, slot * 0.8),
+        "backend_kill": 0.0,
     }
-    return [
+    server = [
         Fault(kind, warmup + i * slot + rng.uniform(0.0, slot * 0.2), holds[kind])
         for i, kind in enumerate(kinds)
+    ]
+    episodes = acquirer_plan(duration_s, seed, quiet_windows(server))
+    return server + [Fault(kind, at, hold) for kind, at, hold in episodes]
+
+
+def quiet_windows(faults: list[Fault]) -> list[tuple[float, float]]:
+    """When no acquirer episode may run (s from the fleet's start): around each fault of
+    ``NEEDS_ACQUIRER``, from ``QUIET_LEAD_S`` before it until its hold and tail are over."""
+    return [
+        (f.at_s - QUIET_LEAD_S, f.at_s + f.hold_s + NEEDS_ACQUIRER[f.kind])
+        for f in faults
+        if f.kind in NEEDS_ACQUIRER
     ]
 
 
@@ -261,6 +344,7 @@ class Run:
     env: dict[str, str]
     exporter: Exporter
     noisy: NoisyNeighbour
+    acquirer: ChaosAcquirer
     outage_ids: list[str] = field(default_factory=list)  # terminals whose link goes down
     held: list[Held] = field(default_factory=list)  # killed in the outage, holding stored
     started: float = 0.0
@@ -270,6 +354,8 @@ class Run:
     restores_wall: list[tuple[float, float]] = field(default_factory=list)  # the same, unix
     after_restore: dict[str, int] = field(default_factory=dict)  # key → lookup status
     threads: list[threading.Thread] = field(default_factory=list)  # the fault schedules
+    running: list[Fault] = field(default_factory=list)  # claimed, not yet finished
+    _claims: threading.Lock = field(default_factory=threading.Lock)
 
     def _left(self, cap: float = RECOVER_TIMEOUT_S) -> float:
         """What a fault's wait may take: ``cap``, never past the fleet phase's deadline."""
@@ -282,7 +368,10 @@ class Run:
     # ------------------------------------------------------------------ the faults
     def inject(self, fault: Fault) -> None:
         fault.injected = time.monotonic()
-        getattr(self, f"_{fault.kind}")(fault)
+        if fault.kind in ACQUIRER_KINDS:
+            self._acquirer_episode(fault)
+        else:
+            getattr(self, f"_{fault.kind}")(fault)
         if fault.recovered is None and fault.healed is not None:
             deadline = self._until(fault.healed)
             while fault.recovered is None and time.monotonic() < deadline:
@@ -319,6 +408,26 @@ class Run:
         time.sleep(min(fault.hold_s, self._left()))
         self.pg.start()
         fault.healed = time.monotonic()
+
+    def _backend_kill(self, fault: Fault) -> None:
+        """``kill -9`` of a PostgreSQL backend while it runs a create's statement: the
+        postmaster ends every backend and runs crash recovery."""
+        from idempay_tools._chaos_pgkill import cut_create_backend_sync
+
+        pid = cut_create_backend_sync(
+            self.pg.url, how="kill", batches_only=False, wait_s=min(BACKEND_WAIT_S, self._left())
+        )
+        if pid is None:
+            fault.detail = f"no backend ran a create's statement within {BACKEND_WAIT_S:.0f} s"
+            return
+        fault.detail = f"kill -9 of backend pid {pid} running a create (crash recovery)"
+        fault.healed = time.monotonic()
+
+    def _acquirer_episode(self, fault: Fault) -> None:
+        """One of the acquirer's episodes (``idempay_tools._chaos_acquirer``)."""
+        detail, healed = episode(self.acquirer, fault.kind, fault.hold_s, left=lambda: self._left())
+        fault.detail = detail
+        fault.healed = healed
 
     def _redis_restart(self, fault: Fault) -> None:
         fault.detail = f"SIGKILL redis-server; down {fault.hold_s:.0f} s; start empty"
@@ -451,6 +560,8 @@ class Run:
         if noisy.results and all(f is not None for f in finished):
             fault.recovered = max(f for f in finished if f is not None)
         fault.detail += f"; flood answers {dict(sorted(noisy.flood_sent.items()))}"
+        if unreachable := sum(v.unreachable for v in noisy.results):
+            fault.detail += f"; victims answered 'Acquirer unreachable' {unreachable} times"
 
     def _loss_burst(self, fault: Fault) -> None:
         fault.detail = f"link loss {STEADY_LOSS:.1%} → {BURST_LOSS:.0%} for {fault.hold_s:.0f} s"
@@ -543,8 +654,11 @@ class Run:
         self.probe.start()
         self.exporter.start()
         timed = [f for f in self.faults if f.kind == "link_outage"]  # on the terminals' clock
-        for name, faults in (("faults", [f for f in self.faults if f not in timed]),
-                             ("outage", timed)):  # fmt: skip
+        acquirer = [f for f in self.faults if f.kind in ACQUIRER_KINDS]  # their own slots
+        server = [f for f in self.faults if f not in timed and f not in acquirer]
+        for name, faults in (("faults", sorted(server, key=lambda f: f.at_s)),
+                             ("outage", timed),
+                             ("acquirer", sorted(acquirer, key=lambda f: f.at_s))):  # fmt: skip
             thread = threading.Thread(target=self._schedule, args=(faults,), name=name, daemon=True)
             thread.start()
             self.threads.append(thread)
@@ -579,8 +693,14 @@ class Run:
                 time.sleep(min(wait, self._left()))
             if self.tracker.closing.is_set():
                 return
+            waited = self._claim(fault)
+            if self.tracker.closing.is_set():
+                self._release(fault)
+                return
             if self.timeline.expired("fleet"):
                 fault.detail = "not injected: the fleet phase's deadline passed"
+                fault.finished = True
+                self._release(fault)
                 overrun = self.timeline.overrun(f"{fault.kind} not injected", phase="fleet")
                 self.errors.append(str(overrun))
                 continue
@@ -591,6 +711,66 @@ class Run:
                 fault.detail = f"{fault.detail} — FAILED: {exc}"
             finally:
                 fault.finished = True
+                self._release(fault)
+            if waited:
+                fault.detail += f" ({waited})"
+
+    # The one schedule's rule (``plan``), kept as the run goes, since a fault may run late
+    # (a restore or a slow recovery delays the faults after it on its thread): never an
+    # acquirer episode and a fault of NEEDS_ACQUIRER at once. The link outage cannot wait
+    # (its window is on the terminals' clocks): an episode does not begin while it is due
+    # before the episode would be over, nor until it has finished (its stored payments
+    # forwarded). Between an episode and the noisy neighbour, the first to begin goes
+    # first and the other waits until it has finished (recovered).
+    def _blocker(self, fault: Fault, now: float) -> Fault | None:
+        if fault.kind in ACQUIRER_KINDS:
+            over = now + fault.hold_s + EPISODE_TAIL_S + QUIET_LEAD_S
+            return next(
+                (
+                    f
+                    for f in self.faults
+                    if f.kind in NEEDS_ACQUIRER
+                    and not f.finished
+                    and (
+                        self._is_running(f)
+                        or (f.kind == "link_outage" and self.started + f.at_s < over)
+                    )
+                ),
+                None,
+            )
+        if fault.kind in NEEDS_ACQUIRER and fault.kind != "link_outage":
+            return next((f for f in self.running if f.kind in ACQUIRER_KINDS), None)
+        return None
+
+    def _claim(self, fault: Fault) -> str:
+        """Wait until ``fault`` may begin under the schedule's rule (at most until the
+        fleet's deadline or the run closing), then mark it running. What it waited for
+        ("" when it did not)."""
+        began = time.monotonic()
+        blocker = None
+        while True:
+            with self._claims:
+                now = time.monotonic()
+                found = self._blocker(fault, now)
+                if found is None or self.tracker.closing.is_set() or now >= self._fleet_end():
+                    self.running.append(fault)
+                    break
+            blocker = found
+            time.sleep(0.1)
+        late = time.monotonic() - began
+        if blocker is None or late < 0.5:
+            return ""
+        return f"began {late:.1f} s late: waited for {blocker.kind} to be over"
+
+    def _fleet_end(self) -> float:
+        return self.timeline.deadline("fleet")
+
+    def _is_running(self, fault: Fault) -> bool:
+        return any(f is fault for f in self.running)
+
+    def _release(self, fault: Fault) -> None:
+        with self._claims:
+            self.running[:] = [f for f in self.running if f is not fault]
 
     def settle(self) -> None:
         """Stop selling: every terminal settles its journal and exits (one deadline for
@@ -630,8 +810,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _env(pg: ChaosPostgres, redis: ChaosRedis, root: Path) -> dict[str, str]:
+def _env(pg: ChaosPostgres, redis: ChaosRedis, root: Path, acquirer_url: str) -> dict[str, str]:
     return {
+        "IDEMPAY_ACQUIRER_URL": acquirer_url,  # the run's own host, never a child
+        "IDEMPAY_ACQUIRER_TIMEOUT": str(ACQUIRER_TIMEOUT_S),
         "IDEMPAY_DATABASE_URL": pg.url,
         "IDEMPAY_REDIS_URL": redis.url,
         "IDEMPAY_REDIS_PREFIX": "chaos:",
@@ -670,6 +852,8 @@ class Harness:
         self.servers: list[Api | Sidecar] = []
         self.proxy: ProxyThread | None = None
         self.run: Run | None = None
+        self.acquirer: ChaosAcquirer | None = None
+        self.disk_full: Beside | None = None
 
     def execute(self, argv: list[str] | None) -> int:
         from idempay_tools.simulate import FleetConfig
@@ -680,8 +864,12 @@ class Harness:
             self.pg.start()
             self.redis.start()
             keys = migrate_and_keys(self.pg.url, [*MERCHANTS, PROBE, NOISY])
-            env = _env(self.pg, self.redis, root)
             (root / "logs").mkdir()
+            acquirer = self.acquirer = ChaosAcquirer(
+                root, args.seed, lambda pid, label: tracker.registry.add(pid, label, group=True)
+            )
+            acquirer.start(timeout=timeline.left(30.0))
+            env = _env(self.pg, self.redis, root, acquirer.url)
             api = Api(env, root / "logs" / "api.log", workers=args.workers, cwd=ROOT)
             api.tracker = tracker
             self.servers.append(api)
@@ -750,9 +938,14 @@ class Harness:
                     api.url, keys[NOISY][1], keys[MERCHANTS[1]][1], deadline_s=ISSUER_DEADLINE_S
                 ),
                 outage_ids=outage_ids,
+                acquirer=acquirer,
             )
         with timeline.phase("fleet"):
+            disk_full = self.disk_full = Beside(  # SQLite's disk, its own server
+                root / "diskfull", run.errors, tracker.registry
+            )
             run.fleet()
+            disk_full.finish(timeline.left())
         with timeline.phase("settle"):
             run.settle()
             proxy_stats = dict(proxy.stats)
@@ -771,6 +964,15 @@ class Harness:
             )
             if drained.processing_left or drained.outbox_unsent:
                 self._overran("keys still processing or outbox events unsent")
+            if not acquirer.alive():
+                run.errors.append("the acquirer host exited on its own")
+            advices = _bounded(
+                report.drain_advices(
+                    self.pg.url, [*ids, *others], within=timeline.left(ADVICE_DRAIN_S)
+                ),
+                timeline,
+                "the reversal-advice queue's drain",
+            )
         with timeline.phase("stop"):
             for sidecar in sidecars:
                 if not sidecar.alive():
@@ -787,7 +989,7 @@ class Harness:
                     self._overran("the final export")
         with timeline.phase("checks"):
             _write_probe_log(run, self.root / "probe-creates.tsv")
-            result = self._check(run, keys, ids, proxy_stats, probe_outcome, drained, argv)
+            result = self._check(run, keys, ids, proxy_stats, probe_outcome, drained, advices, argv)
         report.show(result)
         if args.report:
             args.report.write_text(report.markdown(result) + _kept_sections(args.report))
@@ -807,6 +1009,7 @@ class Harness:
         proxy_stats: dict[str, int],
         probe_outcome: dict[str, int],
         drained: report.Drained,
+        advices: report.AdviceDrain,
         argv: list[str] | None,
     ) -> report.Result:
         args, tally, timeline = self.args, run.tally, self.timeline
@@ -828,6 +1031,8 @@ class Harness:
                 journals=[t.journal for t in run.terminals],
                 ask=[key for _, key, kind in tally.journal_failures if key],
                 held_after_restore=[k for k, code in run.after_restore.items() if code == 200],
+                acquirer_store=run.acquirer.store,
+                acquirer_exempt=report.wall_windows(run.restores_wall),
             ),
             timeline,
             "contract §8 on the database and the journals",
@@ -845,6 +1050,7 @@ class Harness:
             timeline,
             "the lake's request-event check",
         )
+        settlement = self._settle(run)
         offline = _bounded(
             check_offline(
                 self.pg.url,
@@ -890,13 +1096,41 @@ class Harness:
             probe=(len(run.probe.results), sum(1 for _, ok in run.probe.results if not ok)),
             probe_outcome=probe_outcome,
             drained=drained,
+            advices=advices,
+            acquirer_kills=run.acquirer.kills,
             checks=checks,
             errors=run.errors,
             started=run.started,
             phases=timeline.rows(),
             budget_s=timeline.total_s,
             command=" ".join(["python -m idempay_tools.chaos", *(argv or sys.argv[1:])]),
+            settlement=settlement,
         )
+
+    def _settle(self, run: Run) -> Settlement | None:
+        """The acquirer's clearing file of each day of the run, written from its store now
+        that the advice queue has drained, landed in the run's lake (the final export is
+        in) and reconciled by the DuckDB reference (``_chaos_settlement``); None, with a
+        harness error, when that itself failed."""
+        say("chaos: the settlement reconciliation (the acquirer's clearing files)")
+        try:
+            return _bounded(
+                check_settlement(
+                    database_url=self.pg.url,
+                    store=run.acquirer.store,
+                    lake=self.root / "lake",
+                    folder=self.root / "clearing",
+                    run_days=run_days(run.exporter.started_at),
+                    exempt_windows=report.wall_windows(run.restores_wall),
+                ),
+                self.timeline,
+                "the settlement reconciliation",
+            )
+        except Overrun:
+            raise
+        except Exception as exc:  # named in the report; the run fails on it
+            run.errors.append(f"the settlement reconciliation failed: {type(exc).__name__}: {exc}")
+            return None
 
     def _stop_proxy(self) -> None:
         """The proxy's thread, stopped within 10 s (its connections are cancelled)."""
@@ -908,8 +1142,10 @@ class Harness:
         stopper.join(10.0)
 
     def close(self) -> list[str]:
-        """Stop everything the run started, in order, each step bounded; then stop by
-        PID whatever is still registered (and the postmaster). What the sweep found."""
+        """Stop everything the run started, in order, each step bounded (the SQLite
+        disk-full episode too: its loop disk is unmounted); then stop by PID whatever is
+        still registered (and the postmaster) and unmount whatever is still mounted in the
+        run's folder. What the sweep found."""
         self.tracker.closing.set()  # nothing starts any more; terminals are not rebooted
         run = self.run
         steps: list[tuple[str, Any]] = []
@@ -917,8 +1153,12 @@ class Harness:
             steps += [(f"terminal {t.terminal_id}", t.terminate) for t in run.terminals]
             steps += [("export loop", lambda: run.exporter.stop(timeout=5.0))]
             steps += [("probe", run.probe.stop)]
+        if (disk_full := self.disk_full) is not None:  # its server stopped, disk unmounted
+            steps += [("sqlite disk-full episode", lambda: disk_full.stop(timeout=20.0))]
         steps += [("chaos proxy", self._stop_proxy)]
         steps += [(f"server {s.label}", lambda s=s: s.stop(timeout=10.0)) for s in self.servers]
+        if self.acquirer is not None:
+            steps += [("acquirer host", self.acquirer.stop)]
         steps += [("redis", self.redis.kill), ("postgres", self.pg.stop_now)]
         for name, step in steps:
             try:

@@ -49,6 +49,7 @@ __all__ = ["ChaosProxy", "ProxyThread", "Release", "main"]
 log = logging.getLogger("idempay_tools.chaos_proxy")
 
 MODES = ("drop_request", "drop_response", "delay", "reset", "hold")
+STOP_S = 5.0  # how long stop() waits for the connections to end after cancelling them
 _STAT_KEYS = (
     "connections",
     "requests",
@@ -281,13 +282,17 @@ class ChaosProxy:
         )
 
     async def stop(self) -> None:
+        """Close the listener and every connection; bounded (``STOP_S``): a connection task
+        that does not end when cancelled (a peer that never closes) never holds the stop."""
         if self._server is not None:
             self._server.close()
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=STOP_S)
         if self._server is not None:
-            await self._server.wait_closed()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), STOP_S)
 
     async def __aenter__(self) -> ChaosProxy:
         await self.start()

@@ -1,8 +1,9 @@
 """``idempay``: one entry point to everything (contract §6).
 
-The server's app (``api/cli.py``: serve, migrate, admin, relay, completer, purge, export)
-mounted as is, plus the tooling's commands: ``simulate``, ``demo``, ``audit`` and
-``lake synth``. The heavy imports (the SDK, Spark, rich) happen inside the commands.
+The server's app (``api/cli.py``: serve, migrate, admin, relay, completer, purge, export,
+acquirer) mounted as is, plus the tooling's commands: ``simulate``, ``demo``, ``audit``,
+``lake synth`` and ``lake add-clearing``. The heavy imports (the SDK, Spark, rich) happen
+inside the commands.
 """
 
 from __future__ import annotations
@@ -57,19 +58,44 @@ def simulate(
     workdir: Annotated[
         str | None, typer.Option(help="Where the journals go (default: a temp dir).")
     ] = None,
+    acquirer_faults: Annotated[
+        str,
+        typer.Option(
+            help="Faults of the acquirer host started for the run, NAME=VALUE,… (e.g. "
+            "drop_answer=0.02,late_answer=0.02; names: latency_ms, jitter_ms, drop_answer, "
+            "late_answer, late_seconds, drop_connection, drop_when, down).",
+        ),
+    ] = "",
+    acquirer_store: Annotated[
+        str | None,
+        typer.Option(help="With --url: the acquirer host's store, for the acquirer checks."),
+    ] = None,
 ) -> None:
-    """A terminal fleet through the SDK on a lossy link, then the contract §8 invariants
-    (through the chaos proxy, also the audit's link loss against the proxy's count)."""
+    """A terminal fleet through the SDK on a lossy link, with the simulated acquirer host as
+    a process of its own, then the contract §8 invariants from both sides (through the chaos
+    proxy, also the audit's link loss against the proxy's count)."""
     from pathlib import Path
 
     from rich.console import Console
 
     from idempay_tools.simulate import FleetConfig
     from idempay_tools.simulate_links import render_link_check
-    from idempay_tools.simulate_run import default_workdir, describe, render, run_simulation
+    from idempay_tools.simulate_run import (
+        default_workdir,
+        describe,
+        parse_acquirer_faults,
+        render,
+        run_simulation,
+    )
 
     if (url is None) != (api_key is None):
         raise typer.BadParameter("--url and --api-key go together")
+    if url is not None and acquirer_faults:
+        raise typer.BadParameter("--acquirer-faults is for the host a run starts (not --url)")
+    try:
+        faults = parse_acquirer_faults(acquirer_faults)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--acquirer-faults") from None
     config = FleetConfig(
         base_url=url or "",
         api_key=api_key or "",
@@ -85,7 +111,14 @@ def simulate(
         outage_s=outage,
     )
     console = Console()
-    result, report = run_simulation(config, start=url is None, console=console, audit_links=True)
+    result, report = run_simulation(
+        config,
+        start=url is None,
+        console=console,
+        audit_links=True,
+        acquirer_faults=faults,
+        acquirer_store=Path(acquirer_store) if acquirer_store else None,
+    )
     console.print(describe(config, result), soft_wrap=True)
     console.print(render(config, result, report))
     for violation in report.violations:
@@ -106,23 +139,30 @@ def demo(
     terminals: Annotated[int, typer.Option(min=1, help="Concurrent terminals.")] = 10,
     payments: Annotated[int, typer.Option(min=1, help="Payments per terminal.")] = 400,
     loss: Annotated[float, typer.Option(min=0.0, max=1.0, help="Link fault rate.")] = 0.035,
-    workdir: Annotated[str, typer.Option(help="Where the demo writes.")] = "var/demo",
+    workdir: Annotated[
+        str, typer.Option(help="Where the demo writes: a folder per run, `latest` the last.")
+    ] = "var/demo",
 ) -> None:
     """The main job end to end: server, fleet on a lossy link, export, audit, report."""
     from pathlib import Path
 
     from rich.console import Console
 
-    from idempay_tools.demo import run_demo
+    from idempay_tools.demo import new_run_dir, run_demo
 
+    console = Console()
+    run = new_run_dir(Path(workdir))
+    console.print(f"this run's folder: {run}")
     if not run_demo(
-        workdir=Path(workdir),
+        workdir=run,
         terminals=terminals,
         payments=payments,
         loss=loss,
-        console=Console(),
+        console=console,
     ):
         raise typer.Exit(1)
+    stable = Path(workdir) / "latest" / "audit" / "report.html"
+    console.print(f"the last run's report, always here: {stable}")
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""``idempay audit`` and ``idempay lake synth`` (contract §5–6); ``idempay export`` is the
-server's (``api/cli.py``).
+"""``idempay audit``, ``idempay lake synth`` and ``idempay lake add-clearing`` (contract
+§5–6); ``idempay export`` is the server's (``api/cli.py``).
 
 Registered by ``idempay_tools/cli.py``. pyspark and the analytics package are imported
 inside the commands, so ``idempay --help`` never starts a JVM or loads Arrow.
@@ -7,9 +7,11 @@ inside the commands, so ``idempay --help`` never starts a JVM or loads Arrow.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from dataclasses import asdict
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,6 +22,8 @@ from api.cli import LakeOption, parse_day
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from rich.progress import Progress, TaskID
+
+    from analytics.clearing import Landed
 
 lake = typer.Typer(no_args_is_help=True, help="The Parquet lake the audit reads.")
 
@@ -51,7 +55,10 @@ def audit_command(
         str | None, typer.Option("--master", help="Spark master (default local[*]).")
     ] = None,
     strict: Annotated[
-        bool, typer.Option("--strict", help="Exit 1 when the lake has any warning.")
+        bool,
+        typer.Option(
+            "--strict", help="Exit 1 when the lake has any warning or the settlement any exception."
+        ),
     ] = False,
 ) -> None:
     """The Spark audit over --from..--to: daily summary, rankings, suspects, report.html."""
@@ -60,8 +67,8 @@ def audit_command(
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from analytics.charts import percent
-    from analytics.jobs.daily_audit import describe, run_audit
+    from analytics.html_table import percent
+    from analytics.jobs.daily_audit import describe, describe_exception, run_audit
     from analytics.session import build_session
 
     first, last = parse_day(start, "--from"), parse_day(end, "--to")
@@ -104,7 +111,8 @@ def audit_command(
     table = Table(title=f"idempay audit {first} – {last}", show_header=False)
     for name, value in headline.items():
         shown = percent(value) if name.endswith("_rate") else f"{value:,}"
-        style = "bold red" if name == "exactly_once_violations" and value else ""
+        money = name in ("exactly_once_violations", "settlement_exceptions")
+        style = "bold red" if money and value else ""
         table.add_row(name, f"[{style}]{shown}[/]" if style else shown)
     console.print(table)
     console.print(f"audit took {time.perf_counter() - started:.1f} s; outputs in {result.out}")
@@ -115,7 +123,9 @@ def audit_command(
         console.print(describe(warning), style="bold yellow", markup=False, highlight=False)
     for note in result.notes:  # not damage (an older schema's partition): --strict ignores
         console.print(describe(note, what="lake note"), markup=False, highlight=False)
-    if strict and result.warnings:
+    for exception in result.exceptions:
+        console.print(describe_exception(exception), style="bold red", markup=False)
+    if strict and (result.warnings or result.exceptions):
         raise typer.Exit(1)
 
 
@@ -168,4 +178,63 @@ def synth_command(
         f"{sum(s.forwarded_after_day_end for s in result.planted_offline)} forwarded after "
         f"day end), {len(result.planted_blocks)} duplicate-guard blocks, "
         f"{len(result.planted_overrides)} overrides"
+    )
+
+
+def land_clearing_file(
+    path: Path, lake_dir: Path, *, day: date | None = None, replace: bool = False
+) -> Landed:
+    """Validate an acquirer clearing file (header, trailer count and net amount: the
+    acquirer's own reader) and land it as ``clearing/clearing_date=D/``. Raises
+    ``ClearingFileError`` or ``ClearingRefusedError``; nothing is landed then."""
+    from analytics.clearing import from_records, land
+    from api.acquirer.host.clearing import read_clearing
+
+    clearing = read_clearing(path)
+    rows = from_records([asdict(record) for record in clearing.records])
+    return land(
+        lake_dir,
+        rows,
+        record_count=clearing.record_count,
+        net=clearing.net_amount,
+        source_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        source_name=path.name,
+        day=day,
+        replace=replace,
+    )
+
+
+@lake.command("add-clearing")
+def add_clearing_command(
+    file: Annotated[Path, typer.Argument(help="The acquirer's clearing file (CSV).")],
+    lake_dir: LakeOption,
+    day: Annotated[
+        str | None,
+        typer.Option("--date", help="The clearing day, YYYY-MM-DD (default: the rows' day)."),
+    ] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace another file already landed for the day.")
+    ] = False,
+) -> None:
+    """Land the acquirer's clearing file in the lake, once its trailer checks out."""
+    from analytics.clearing import ClearingRefusedError
+    from api.acquirer.host.clearing import ClearingFileError
+
+    stated = parse_day(day, "--date") if day else None
+    if not file.is_file():
+        raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
+    try:
+        landed = land_clearing_file(file, lake_dir, day=stated, replace=replace)
+    except (ClearingFileError, ClearingRefusedError) as exc:
+        where = "" if isinstance(exc, ClearingFileError) else f"{file}: "  # it names the file
+        typer.echo(f"refused: {where}{exc} — nothing landed", err=True)
+        raise typer.Exit(1) from None
+    said = {
+        "landed": "landed",
+        "replaced": "replaced the day's earlier file with",
+        "unchanged": "already landed, unchanged:",
+    }[landed.outcome]
+    typer.echo(
+        f"{said} {file.name} → {landed.path.parent} ({landed.rows} records, "
+        f"net amount {landed.net_amount})"
     )

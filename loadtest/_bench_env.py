@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
+import httpx
 
 from idempay_tools import private_services
 from idempay_tools.private_services import PG_ADMIN, drop_database, pg_url
@@ -46,6 +48,7 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[1]
 _TICK = os.sysconf("SC_CLK_TCK")
+ANALYZE_ATTEMPTS = 5
 
 
 def say(text: str) -> None:
@@ -96,7 +99,8 @@ class Server(ServerProcess):
     served with the options of ``idempay serve``) on the bench database, which
     ``prepare_database`` has migrated — or, with ``bypass=False``, ``idempay serve`` as
     shipped; one worker unless told, in its own process group, logging to a file; rate
-    limits out of reach."""
+    limits out of reach; connected to the acquirer host at ``acquirer_url`` (unset: the
+    server starts its own child host, the embedded default)."""
 
     def __init__(
         self,
@@ -108,6 +112,7 @@ class Server(ServerProcess):
         workers: int = 1,
         env: dict[str, str] | None = None,
         bypass: bool = True,
+        acquirer_url: str = "",
     ) -> None:
         super().__init__(
             {
@@ -117,6 +122,8 @@ class Server(ServerProcess):
                 "IDEMPAY_RATE_LIMIT_TERMINAL": "1000000/second",
                 "IDEMPAY_REDIS_URL": redis_url,
                 "IDEMPAY_REDIS_PREFIX": redis_prefix or "idempay:",
+                # the bench's own acquirer host (unset: each server starts a child host)
+                **({"IDEMPAY_ACQUIRER_URL": acquirer_url} if acquirer_url else {}),
                 **(env or {}),
             },
             log_path,
@@ -172,19 +179,25 @@ class CpuSample:
     postgres: float
     children: float
     machine: float
+    acquirer: float = 0.0
 
 
-def sample_cpu(server_pid: int, database: str) -> CpuSample:
-    server = postgres = 0.0
+def sample_cpu(server_pid: int, database: str, acquirer_pid: int = 0) -> CpuSample:
+    """CPU so far of the server's process group, the bench database's Postgres processes,
+    our reaped children, the machine — and the acquirer host's session when given."""
+    server = postgres = acquirer = 0.0
     for comm, group, seconds, cmdline in _proc_stats():
         if group == server_pid:
             server += seconds
+        elif acquirer_pid and group == acquirer_pid:
+            acquirer += seconds
         elif comm == "postgres" and _counts_for(database, cmdline):
             postgres += seconds
     children = os.times()
     return CpuSample(
         wall=time.monotonic(),
         server=server,
+        acquirer=acquirer,
         postgres=postgres,
         children=children.children_user + children.children_system,
         machine=_machine_busy(),
@@ -196,6 +209,7 @@ def cpu_delta(before: CpuSample, after: CpuSample) -> dict[str, float]:
     return {
         "wall_s": after.wall - before.wall,
         "server_s": after.server - before.server,
+        "acquirer_s": after.acquirer - before.acquirer,
         "postgres_s": after.postgres - before.postgres,
         "children_s": after.children - before.children,
         "machine_s": after.machine - before.machine,
@@ -272,9 +286,18 @@ def analyze(name: str) -> None:
     machine's shared Postgres runs without (``autovacuum = off``, its CI configuration).
     Without it, plans cached while the tables were empty are never refreshed — the create's
     ledger foreign-key check then walks every row of the merchant and the create decays
-    round after round (docs/benchmarks.md, "Session 6"; ``api/pg_checks.py`` warns an
-    operator about it). The bench calls it before each round, outside the timed window."""
-    asyncio.run(_analyze(name))
+    round after round (docs/benchmarks.md, "Postgres without autovacuum";
+    ``api/pg_checks.py`` warns an operator about it). The bench calls it before each round,
+    outside the timed window.
+    The Postgres is shared: when it has no free connection the ANALYZE is tried again a few
+    times, then skipped for this round (said on stdout)."""
+    for attempt in range(ANALYZE_ATTEMPTS):
+        try:
+            asyncio.run(_analyze(name))
+            return
+        except asyncpg.TooManyConnectionsError:
+            time.sleep(1.0 + attempt)
+    say(f"ANALYZE skipped: Postgres had no free connection in {ANALYZE_ATTEMPTS} tries")
 
 
 _FREE_SLOTS = """
@@ -295,3 +318,20 @@ async def _free_slots() -> int:
 def free_connection_slots() -> int:
     """Connections Postgres can still accept (it is shared with everything on the machine)."""
     return asyncio.run(_free_slots()) + 1  # the probe's own connection is closed by now
+
+
+_GROUP_COMMIT = re.compile(
+    r'^idempay_group_commit_(transactions|writes)_total\{kind="(claim|finish)"\} ([0-9.e+]+)$',
+    re.MULTILINE,
+)
+
+
+def group_commits(base_url: str) -> dict[str, float] | None:
+    """The server's group-commit counters (``/metrics``): ``claim_transactions``,
+    ``claim_writes``, ``finish_transactions``, ``finish_writes``; None if unreadable."""
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    found = {f"{kind}_{what}": float(value) for what, kind, value in _GROUP_COMMIT.findall(text)}
+    return found if len(found) == 4 else None

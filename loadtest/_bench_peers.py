@@ -1,7 +1,10 @@
-"""The bench's comparison servers (issue 13): what idempay's create is measured against.
+"""The bench's comparison servers: what idempay's create is measured against.
 
 - ``plain``: a textbook FastAPI handler — a pydantic body (the create's fields,
-  ``extra="forbid"``), one Redis ``INCR``, a 201 JSON answer. No auth, no idempotency.
+  ``extra="forbid"``), one Redis ``INCR``, one 0200 to the bench's acquirer host through the
+  link library idempay uses (``api.acquirer.link.AcquirerLink``, the same number of
+  connections, the same timeout), a 201 JSON answer with the acquirer's verdict. No auth,
+  no idempotency, no database.
 - ``idemkit``: the same app behind ``idemkit.IdempotencyMiddleware`` on Redis (idemkit 1.0.2,
   the dev extra): the best correct Redis-only Idempotency-Key middleware we found on PyPI —
   atomic Lua claim with a lease, fingerprint of the body, replay of the stored response,
@@ -11,7 +14,10 @@
 
 Each peer runs as ``python -m uvicorn loadtest._bench_peers:<factory> --factory`` with the
 options ``idempay serve`` uses (httptools, uvloop, one worker, log level warning), in its
-own process group, on a private Redis database number and key prefix.
+own process group, on a private Redis database number and key prefix, pointed at the
+acquirer host by ``IDEMPAY_BENCH_PEER_ACQUIRER_URL``. Each 0200's RRN is
+``rrn_for(secret, merchant, Idempotency-Key)``, as idempay derives it, under a merchant id of
+the peer's own (``bench-plain``): no RRN of a peer meets one of idempay's at the host.
 """
 
 from __future__ import annotations
@@ -19,18 +25,32 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Header
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.acquirer.link import AcquirerLink
+from api.acquirer.messages import rrn_for
+from api.acquirer.types import AcquirerError, AuthorizationRequest
+from api.config import Settings
 from idempay_tools.serve_process import ServerProcess
 from loadtest._bench_env import prepare_url
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_ENV = "IDEMPAY_BENCH_PEER_REDIS_URL"
 PREFIX_ENV = "IDEMPAY_BENCH_PEER_PREFIX"
+ACQUIRER_ENV = "IDEMPAY_BENCH_PEER_ACQUIRER_URL"
+MERCHANT = "bench-plain"
+_DEFAULTS = Settings.model_fields  # the link's connections and timeout: idempay's defaults
+CONNECTIONS = int(_DEFAULTS["acquirer_connections"].default)
+TIMEOUT_S = float(_DEFAULTS["acquirer_timeout"].default)
+SECRET = str(_DEFAULTS["secret_key"].default).encode()
 
 
 class _Card(BaseModel):
@@ -60,22 +80,49 @@ def _redis() -> Any:
 
 
 def _plain(redis: Any, prefix: str) -> FastAPI:
-    app = FastAPI(title="plain")
+    link = AcquirerLink(os.environ[ACQUIRER_ENV], connections=CONNECTIONS)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await link.start()
+        try:
+            yield
+        finally:
+            await link.close()
+
+    app = FastAPI(title="plain", lifespan=lifespan)
 
     @app.get("/readyz")
     async def readyz() -> dict[str, str]:
         await redis.ping()
-        return {"status": "ok"}
+        return {"status": "ok" if link.state == "up" else link.state}
 
-    @app.post("/v1/transactions", status_code=201)
+    @app.post("/v1/transactions", status_code=201, response_model=None)
     async def create(
         body: PlainCreate, idempotency_key: Annotated[str | None, Header()] = None
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | JSONResponse:
+        key = idempotency_key or str(uuid.uuid4())
         seq = await redis.incr(f"{prefix}count:{body.terminal_id}")
+        request = AuthorizationRequest(
+            rrn=rrn_for(SECRET, MERCHANT, key),
+            merchant_id=MERCHANT,
+            terminal_id=body.terminal_id,
+            card_token=body.card.token,
+            amount=body.amount,
+            currency=body.currency,
+            type=body.type,
+            captured_at=None,
+        )
+        try:
+            auth = await link.authorize(request, timeout_s=TIMEOUT_S)
+        except AcquirerError as exc:  # never sent or in doubt: no verdict to give
+            return JSONResponse({"error": type(exc).__name__}, status_code=503)
         return {
-            "id": idempotency_key,
+            "id": key,
             "seq": seq,
-            "status": "approved",
+            "status": "approved" if auth.approved else "declined",
+            "decline_reason": auth.decline_reason,
+            "authorization_code": auth.authorization_code,
             "terminal_id": body.terminal_id,
             "type": body.type,
             "amount": body.amount,
@@ -115,8 +162,11 @@ def idemkit_app() -> Any:
 class PeerServer(ServerProcess):
     """``uvicorn loadtest._bench_peers:<factory> --factory`` on a free loopback port."""
 
-    def __init__(self, factory: str, log_path: Path, *, redis_url: str, prefix: str) -> None:
-        super().__init__({REDIS_ENV: redis_url, PREFIX_ENV: prefix}, log_path, cwd=ROOT)
+    def __init__(
+        self, factory: str, log_path: Path, *, redis_url: str, prefix: str, acquirer_url: str
+    ) -> None:
+        env = {REDIS_ENV: redis_url, PREFIX_ENV: prefix, ACQUIRER_ENV: acquirer_url}
+        super().__init__(env, log_path, cwd=ROOT)
         self.factory = factory
 
     def command(self) -> list[str]:

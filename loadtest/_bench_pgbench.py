@@ -1,14 +1,17 @@
-"""The Postgres ceiling: pgbench running the statements one inline create runs.
+"""The Postgres ceiling: pgbench running the statements one create runs on Postgres.
 
-``TransactionService.create`` on the inline path: an autocommit SELECT of the key row, then
-one transaction (``_process_inline``): INSERT issuer_authorization ON CONFLICT DO NOTHING;
-INSERT idempotency_key (completed, with the ~330-byte response) ON CONFLICT DO NOTHING;
-INSERT "transaction"; INSERT ledger_entry; INSERT outbox_event; COMMIT. The script does the
-same, with a fresh random key per transaction (the first SELECT both draws the key and
-probes the key row, as the create's read does), under one merchant id of its own, as the bench's
-creates all come from one merchant. It leaves out what is not SQL on that path, and the
-request events the server writes in batches off the request path. Keep it in step with
-``_process_inline``.
+``TransactionService.create``: an autocommit SELECT of the key row (the create's read), then
+phase 1, the claim (``service._claim``): ``SET LOCAL lock_timeout``; INSERT idempotency_key
+(processing, lease token 1, the request) ON CONFLICT DO NOTHING; COMMIT — then the 0200 at
+the acquirer, no transaction open — then phase 3, the finish (``service.finish``): UPDATE
+idempotency_key to completed with the ~330-byte response WHERE its lease token is still
+ours; INSERT "transaction" (with its RRN); INSERT ledger_entry; INSERT outbox_event; COMMIT.
+The script does the same SQL, with a fresh random key per transaction (the first SELECT both
+draws the key and probes the key row, as the create's read does), under one merchant id of
+its own, as the bench's creates all come from one merchant. It leaves out what is not SQL on
+that path — the acquirer's round trip between the two commits — and the request events the
+server writes in batches off the request path. Keep it in step with ``service._claim`` and
+``service.finish``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ RESPONSE = (
     '"installments": 1, "created_at": "20261121T200000.000000Z", '
     '"processed_at": "20261121T200000.000000Z", "reversed_at": null}'
 )
+# The stored request (the body the claim keeps until the finish), colons spaced as above.
+REQUEST = (
+    '{"terminal_id": "T-0001", "type": "purchase", "amount": 1250, "currency": "BRL", '
+    '"card": {"token": "tok_visa", "last4": "4242", "brand": "visa"}, "installments": 1, '
+    '"captured_at": null, "expires_at": null, "metadata": {}}'
+)
 PAYLOAD = (
     '{"event_id": "00000000-0000-4000-8000-000000000001", "type": "transaction.completed", '
     '"merchant_id": "mer_pgbench", "seq": 1, "transaction_id": '
@@ -37,11 +46,14 @@ PAYLOAD = (
     '"data": ' + RESPONSE + "}"
 )
 SCRIPT = f"""\
-SELECT u.k AS k, left(md5(u.k), 40) AS ik, upper(left(md5(u.k), 6)) AS ac, i.state AS st FROM (SELECT gen_random_uuid()::text AS k) AS u LEFT JOIN idempotency_key AS i ON i.merchant_id = '{MERCHANT}' AND i.key = u.k \\gset
+SELECT u.k AS k, upper(left(md5(u.k), 12)) AS rrn, upper(left(md5(u.k), 6)) AS ac, i.state AS st FROM (SELECT gen_random_uuid()::text AS k) AS u LEFT JOIN idempotency_key AS i ON i.merchant_id = '{MERCHANT}' AND i.key = u.k \\gset
 BEGIN;
-INSERT INTO issuer_authorization (issuer_key, result, decline_reason, authorization_code, amount, currency, calls, created_at) VALUES (:ik, 'approved', NULL, :ac, 1250, 'BRL', 1, now()) ON CONFLICT DO NOTHING;
-INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token, lease_until, request, response_status, response_body, terminal_id, created_at, updated_at, deadline_at) VALUES ('{MERCHANT}', :k, 'completed', '{FINGERPRINT}', 1, NULL, NULL, 201, '{RESPONSE}', 'T-0001', now(), now(), NULL) ON CONFLICT DO NOTHING;
-INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4, card_brand, card_fingerprint, installments, status, decline_reason, authorization_code, captured_at, created_at, processed_at, metadata) VALUES ('{MERCHANT}', :k, 'T-0001', 'purchase', 1250, 'BRL', '4242', 'visa', '{FINGERPRINT}', 1, 'approved', NULL, :ac, NULL, now(), now(), NULL);
+SET LOCAL lock_timeout = '250ms';
+INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token, lease_until, request, response_status, response_body, terminal_id, created_at, updated_at, deadline_at) VALUES ('{MERCHANT}', :k, 'processing', '{FINGERPRINT}', 1, now() + interval '18 seconds', '{REQUEST}', NULL, NULL, 'T-0001', now(), now(), now() + interval '60 seconds') ON CONFLICT DO NOTHING;
+COMMIT;
+BEGIN;
+UPDATE idempotency_key SET state = 'completed', response_status = 201, response_body = '{RESPONSE}', request = NULL, lease_until = NULL, updated_at = now() WHERE merchant_id = '{MERCHANT}' AND key = :k AND state = 'processing' AND lease_token = 1;
+INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4, card_brand, card_fingerprint, installments, status, decline_reason, authorization_code, captured_at, created_at, processed_at, metadata, rrn) VALUES ('{MERCHANT}', :k, 'T-0001', 'purchase', 1250, 'BRL', '4242', 'visa', '{FINGERPRINT}', 1, 'approved', NULL, :ac, NULL, now(), now(), NULL, :rrn);
 INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind, created_at) VALUES (gen_random_uuid()::text, '{MERCHANT}', :k, 1250, 'BRL', 'charge', now());
 INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at) VALUES (gen_random_uuid()::text, '{MERCHANT}', 'transaction.completed', :k, '{PAYLOAD}', now());
 COMMIT;

@@ -28,7 +28,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def _cores(rounds: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] / r["cpu"]["wall_s"] for r in rounds if r["cpu"]["wall_s"] > 0)
+    return float(
+        statistics.median(r[key] / r["cpu"]["wall_s"] for r in rounds if r["cpu"]["wall_s"] > 0)
+    )
 
 
 def summarize(rounds: list[dict[str, Any]], latencies: list[float]) -> dict[str, Any]:
@@ -40,8 +42,14 @@ def summarize(rounds: list[dict[str, Any]], latencies: list[float]) -> dict[str,
         cpu = r["cpu"]
         r["generator_s"] = r["generator_cpu_s"]
         r["server_s"], r["postgres_s"] = cpu["server_s"], cpu["postgres_s"]
+        r["acquirer_s"] = cpu.get("acquirer_s", 0.0)
         r["other_s"] = max(
-            0.0, cpu["machine_s"] - r["generator_s"] - cpu["server_s"] - cpu["postgres_s"]
+            0.0,
+            cpu["machine_s"]
+            - r["generator_s"]
+            - cpu["server_s"]
+            - cpu["postgres_s"]
+            - r["acquirer_s"],
         )
     ordered = sorted(latencies)
     statuses: dict[str, int] = {}
@@ -51,9 +59,17 @@ def summarize(rounds: list[dict[str, Any]], latencies: list[float]) -> dict[str,
     server_us = {r["round"]: 1e6 * r["server_s"] / r["requests"] for r in rounds if r["requests"]}
     per_request = {
         f"{part}_us_per_req": 1e6 * sum(r[f"{part}_s"] for r in rounds) / max(requests, 1)
-        for part in ("generator", "server", "postgres")
+        for part in ("generator", "server", "postgres", "acquirer")
+    }
+    commits = [r["group_commit"] for r in rounds if "group_commit" in r]
+    writes_per_commit = {
+        kind: sum(c[f"{kind}_writes"] for c in commits)
+        / max(1.0, sum(c[f"{kind}_transactions"] for c in commits))
+        for kind in ("claim", "finish")
+        if commits
     }
     return {
+        "writes_per_commit": writes_per_commit,
         "rate_median": statistics.median(rates),
         "rate_min": min(rates),
         "rate_max": max(rates),
@@ -67,7 +83,8 @@ def summarize(rounds: list[dict[str, Any]], latencies: list[float]) -> dict[str,
         "error_pct": 100.0 * errors / max(requests, 1),
         "statuses": statuses,
         "cores": {
-            p: _cores(rounds, f"{p}_s") for p in ("generator", "server", "postgres", "other")
+            p: _cores(rounds, f"{p}_s")
+            for p in ("generator", "server", "postgres", "acquirer", "other")
         },
         **per_request,
     }
@@ -136,8 +153,9 @@ def render(
     headers = ("scenario", "req/s", "min–max", "p50 ms", "p99 ms", "requests", "errors")
     for header in headers:
         table.add_column(header, justify="left" if header == "scenario" else "right")
-    table.add_column("CPU cores gen/srv/pg/other", justify="right")
-    table.add_column("CPU µs/req srv/pg", justify="right")
+    table.add_column("CPU cores gen/srv/pg/acq/other", justify="right")
+    table.add_column("CPU µs/req srv/pg/acq", justify="right")
+    table.add_column("writes/commit claim/finish", justify="right")
     for name, f in figures.items():
         cores = f["cores"]
         is_pg = name.startswith("pgbench")
@@ -149,9 +167,12 @@ def render(
             f"avg {f['latency_avg_ms']:.1f}" if is_pg else f"{f['p99_ms']:.1f}",
             f"{f['requests']:,}",
             f"{f['errors']} ({f['error_pct']:.2f} %)",
-            " / ".join(f"{cores[p]:.2f}" for p in ("generator", "server", "postgres", "other")),
+            " / ".join(
+                f"{cores[p]:.2f}" for p in ("generator", "server", "postgres", "acquirer", "other")
+            ),
             ("—" if is_pg else f"{f['server_us_per_req']:,.0f}")
-            + f" / {f['postgres_us_per_req']:,.0f}",
+            + f" / {f['postgres_us_per_req']:,.0f} / {f['acquirer_us_per_req']:,.0f}",
+            " / ".join(f"{v:.1f}" for v in f.get("writes_per_commit", {}).values()) or "—",
         )
     console.print(table)
     goals = Table(

@@ -1,29 +1,42 @@
 """``make bench``: idempay's create beside its own bypassed baseline, in one run.
 
     python -m loadtest.bench [--rounds 5] [--seconds 5] [--concurrency 50]
+                             [--acquirer-latency-ms 0] [--acquirer-jitter-ms 0] [--matrix]
                              [--json out.json] [--profile] [--quick] [--no-peers]
 
-One private Postgres database (dropped at the end, even on failure), one server
-(``python -m loadtest._bench_app --workers 1``: the server's app plus the bypass route, which
-the server itself never mounts), and a closed-loop
-aiohttp generator in its own process on the same machine. Scenarios — create, bypassed
-(``POST /_bench/transactions``: the same inserts minus the idempotency layer), replay of
+One private Postgres database (dropped at the end, even on failure), one simulated acquirer
+host in its own process (``api.acquirer.host.process.AcquirerProcess``: ISO 8583 over TCP,
+its own SQLite store), one server (``python -m loadtest._bench_app --workers 1``: the
+server's app plus the bypass route, which the server itself never mounts) pointed at that
+host by ``IDEMPAY_ACQUIRER_URL``, and a closed-loop aiohttp generator in its own process on
+the same machine. Every create — idempay's, the baseline's and the peers' — is one 0200 to
+that one host through the same link library (``api.acquirer.link``). Scenarios — create
+(claim, 0200, finish), bypassed (``POST /_bench/transactions``: the same 0200 and inserts
+minus the idempotency layer), replay of
 pre-created keys, lookup of existing keys, and pgbench running the create's SQL when it is
 installed — are measured in alternating rounds (forward, then reversed order, so slow drift
 on a shared machine hits every scenario alike). Only ratios taken side by side in one run
 mean anything here; absolute figures move with the machine's other load. Before each round
 the bench runs ``ANALYZE`` on its database — what autovacuum does on a stock Postgres, which
 this machine's shared server runs without (``_bench_env.analyze``; docs/benchmarks.md,
-"Session 6").
+"Postgres without autovacuum").
 
-Issue 13's comparison servers run in the same rounds with the same client
-(``loadtest/_bench_peers.py``): ``plain`` (FastAPI, pydantic body + one Redis INCR),
-``idemkit`` (the same app behind idemkit's Idempotency-Key middleware on Redis) — both on a
-private Redis database (``--peers-redis``) — ``create-sqlite`` (idempay's create on the
-embedded SQLite default) and ``create-2w`` (idempay's create on Postgres served by two
-workers with half the pool each: what a second worker adds, goal 5). Goals 1–4 of the issue
-are printed met/missed on paired ratios.
-``--quick`` (~1 minute): 3 rounds × 2.5 s, a 500-key pool, no pgbench, no idempay+Redis.
+The comparison servers run in the same rounds with the same client
+(``loadtest/_bench_peers.py``): ``plain`` (FastAPI, pydantic body + one Redis INCR + one 0200
+through the link library), ``idemkit`` (the same app behind idemkit's Idempotency-Key
+middleware on Redis) — both on a private Redis database (``--peers-redis``) —
+``create-sqlite`` (idempay's create on the embedded SQLite default) and ``create-2w``
+(idempay's create on Postgres served by two workers with half the pool each). The
+create-path goals are printed met/missed on paired ratios (``_bench_goals``).
+
+The acquirer setting (``--acquirer-latency-ms`` plus a uniform 0..``--acquirer-jitter-ms``)
+and ``--concurrency`` make one cell, by default no added latency at 50 in flight.
+``--matrix`` runs four cells one after the other on the same servers and host (its faults
+switched through the control socket): no added latency and 50 ms ± 5 ms (45 + 0..10), each at
+50 and 200 in flight — every scenario in each cell, except pgbench and the idempay+Redis
+pair, which never reach the acquirer and run in the first cell only.
+``--quick`` (~1 minute a cell): 3 rounds × 2.5 s, a 500-key pool, no pgbench, no
+idempay+Redis.
 
 Exit status 1 when any scenario has more than 0.5 % errors (any unexpected status).
 """
@@ -41,12 +54,14 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from api.acquirer.host.process import AcquirerProcess
 from loadtest import _bench_goals as peer_goals
 from loadtest import _bench_peers as peers
 from loadtest import _bench_pgbench as pgbench
@@ -60,6 +75,7 @@ from loadtest._bench_env import (
     create_database,
     drop_database,
     free_connection_slots,
+    group_commits,
     machine_info,
     postgres_settings,
     prepare_database,
@@ -80,6 +96,37 @@ PEER_SCENARIOS = ("plain", "idemkit", "create-sqlite", "create-2w")
 # The second-worker server (goal 5) gets half the pool per worker: the same connection budget.
 DEFAULT_DB_POOL = 30
 ALL_SCENARIOS = (*SCENARIOS, *REDIS_SCENARIOS, *PEER_SCENARIOS)
+# --matrix: (added acquirer latency ms, jitter ms) × concurrency; 45 + 0..10 is 50 ± 5 ms
+MATRIX_SETTINGS = ((0.0, 0.0), (45.0, 10.0))
+MATRIX_CONCURRENCY = (50, 200)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One acquirer setting at one concurrency: the unit the goals are judged in."""
+
+    latency_ms: float
+    jitter_ms: float
+    concurrency: int
+
+    @property
+    def name(self) -> str:
+        if self.latency_ms or self.jitter_ms:
+            mid, half = self.latency_ms + self.jitter_ms / 2, self.jitter_ms / 2
+            acquirer = f"acquirer {mid:g} ± {half:g} ms"
+        else:
+            acquirer = "acquirer +0 ms"
+        return f"{acquirer}, c={self.concurrency}"
+
+
+def cells_for(args: argparse.Namespace) -> list[Cell]:
+    if args.matrix:
+        return [
+            Cell(latency, jitter, concurrency)
+            for latency, jitter in MATRIX_SETTINGS
+            for concurrency in MATRIX_CONCURRENCY
+        ]
+    return [Cell(args.acquirer_latency_ms, args.acquirer_jitter_ms, args.concurrency)]
 
 
 def _clean_redis(url: str, prefix: str) -> None:
@@ -94,8 +141,18 @@ def _clean_redis(url: str, prefix: str) -> None:
         client.close()
 
 
+SEED_ATTEMPTS = 5
+START_TIMEOUT_S = 180.0  # a server's start on a loaded shared machine
 PG_HEADROOM = 10  # connections left to everything else on this machine's shared Postgres
 MIN_PGBENCH_CLIENTS = 5
+
+
+def _start(name: str, server: Server | peers.PeerServer) -> None:
+    """Start one server, allowing a loaded machine its time; the error names the server."""
+    try:
+        server.start(timeout=START_TIMEOUT_S)
+    except RuntimeError as exc:
+        raise RuntimeError(f"the {name} server did not start ({server.log_path}): {exc}") from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,6 +162,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per scenario per round")
     parser.add_argument("--concurrency", type=int, default=50, help="closed-loop workers (50)")
+    parser.add_argument(
+        "--acquirer-latency-ms",
+        type=float,
+        default=0.0,
+        help="the acquirer host's added answer latency (0)",
+    )
+    parser.add_argument(
+        "--acquirer-jitter-ms", type=float, default=0.0, help="plus a uniform 0..jitter (0)"
+    )
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="four cells: acquirer +0 ms and 50 ± 5 ms, each at concurrency 50 and 200"
+        " (overrides --concurrency and the acquirer latency)",
+    )
     parser.add_argument("--pool", type=int, default=2000, help="pre-created keys for replay/lookup")
     parser.add_argument("--warmup", type=float, default=1.0, help="discarded seconds per scenario")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
@@ -148,7 +220,10 @@ class Bench:
         self.workdir = workdir
         self.pgbench = None if args.no_pgbench else pgbench.find()
         self.rounds: list[dict[str, Any]] = []
-        self.latencies: dict[str, list[float]] = {name: [] for name in ALL_SCENARIOS}
+        self.cells = cells_for(args)
+        self.cell = self.cells[0]
+        self.latencies: dict[tuple[str, str], list[float]] = {}  # (cell, scenario) → ms
+        self.acquirer: AcquirerProcess | None = None
         self.profile: profiling.Profile | None = None
         self.profile_note = ""
         self.pgbench_note = "" if self.pgbench else "pgbench not installed"
@@ -164,16 +239,23 @@ class Bench:
     def run(self, database: str) -> None:
         self.api_key = prepare_database(database)
         self.database = database
-        self.server = Server(database, self.workdir / "server.log")
-        self.server.start()
+        first = self.cells[0]
+        self.acquirer = AcquirerProcess(
+            store=self.workdir / "acquirer" / "acquirer.sqlite3",
+            log_path=self.workdir / "acquirer.log",
+            args=("--latency-ms", f"{first.latency_ms:g}", "--jitter-ms", f"{first.jitter_ms:g}"),
+        ).start()
+        self.server = Server(database, self.workdir / "server.log", acquirer_url=self.acquirer.url)
+        _start("create", self.server)
         if self.args.redis:
             self.cached = Server(
                 database,
                 self.workdir / "server-redis.log",
                 redis_url=self.args.redis,
                 redis_prefix=self.redis_prefix,
+                acquirer_url=self.acquirer.url,
             )
-            self.cached.start()
+            _start("idempay+Redis", self.cached)
         if not self.args.no_peers:
             self._start_peers()
         self.waits = WaitSampler(PG_ADMIN, database)
@@ -182,23 +264,37 @@ class Bench:
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as executor:
             self.executor = executor
-            self._seed()
-            self._warm_up()
-            for number in range(self.args.rounds):
-                analyze(database)  # autovacuum's part, outside the timed rounds (_bench_env)
-                order = self.order if number % 2 == 0 else self.order[::-1]
-                for scenario in order:
-                    self._measure(scenario, number)
-            if self.args.profile:
-                self._profile()
+            for index, cell in enumerate(self.cells):
+                self._enter(cell)
+                if index == 0:
+                    self._seed()
+                self._warm_up()
+                for number in range(self.args.rounds):
+                    analyze(database)  # autovacuum's part, outside the timed rounds
+                    order = self.order if number % 2 == 0 else self.order[::-1]
+                    for scenario in order:
+                        self._measure(scenario, number)
+                if index == 0 and self.args.profile:
+                    self._profile()
+
+    def _enter(self, cell: Cell) -> None:
+        """Switch the acquirer host's answer latency (its control socket) and the client's
+        concurrency to ``cell``'s."""
+        assert self.acquirer is not None
+        self.cell = cell
+        self.acquirer.control(latency_ms=cell.latency_ms, jitter_ms=cell.jitter_ms)
+        if len(self.cells) > 1:
+            self.console.print(f"[bold]{cell.name}[/]")
 
     def _start_peers(self) -> None:
+        assert self.acquirer is not None
         for scenario, factory in (("plain", "plain_app"), ("idemkit", "idemkit_app")):
             self.peers[scenario] = peers.PeerServer(
                 factory,
                 self.workdir / f"{scenario}.log",
                 redis_url=self.args.peers_redis,
                 prefix=self.peer_prefix,
+                acquirer_url=self.acquirer.url,
             )
         path = self.workdir / "sqlite" / "idempay.db"
         path.parent.mkdir()
@@ -207,15 +303,17 @@ class Bench:
             self.database,
             self.workdir / "server-sqlite.log",
             env={"IDEMPAY_DATABASE_URL": peers.sqlite_url(path)},
+            acquirer_url=self.acquirer.url,
         )
         self.peers["create-2w"] = Server(  # idempay's create, Postgres, two workers
             self.database,
             self.workdir / "server-2w.log",
             workers=2,
             env={"IDEMPAY_DB_POOL_SIZE": str(DEFAULT_DB_POOL // 2)},
+            acquirer_url=self.acquirer.url,
         )
-        for server in self.peers.values():
-            server.start()
+        for name, server in self.peers.items():
+            _start(name, server)
 
     def close(self) -> None:
         """Stop the sampler and the server (its whole process group); safe to call twice."""
@@ -230,21 +328,27 @@ class Bench:
         if self.cached is not None:
             self.cached.stop()
             _clean_redis(self.args.redis, self.redis_prefix)
+        if self.acquirer is not None:  # after every server: none of them is left waiting
+            self.acquirer.stop()
 
     def load(self, scenario: str, seconds: float, pool: tuple[str, ...] = ()) -> Load:
         assert self.server is not None
         server = self.server
         if scenario in self.peers:  # the same create requests against a comparison server
             key = self.sqlite_key if scenario == "create-sqlite" else self.api_key
-            return Load(self.peers[scenario].url, key, "create", seconds, self.args.concurrency)
+            return Load(self.peers[scenario].url, key, "create", seconds, self.cell.concurrency)
         if scenario.endswith("+redis"):  # the same requests against the Redis-backed server
             assert self.cached is not None
             server, scenario = self.cached, scenario.removesuffix("+redis")
-        return Load(server.url, self.api_key, scenario, seconds, self.args.concurrency, pool)
+        return Load(server.url, self.api_key, scenario, seconds, self.cell.concurrency, pool)
+
+    @property
+    def first_cell(self) -> bool:
+        return self.cell == self.cells[0]
 
     @property
     def pgbenches(self) -> list[str]:
-        if not self.pgbench:
+        if not self.pgbench or not self.first_cell:  # no acquirer in it: once is enough
             return []
         return ["pgbench", *(["pgbench-no-outbox"] if self.args.pgbench_no_outbox else [])]
 
@@ -256,14 +360,21 @@ class Bench:
     def http_scenarios(self) -> list[str]:
         return [
             *SCENARIOS,
-            *(REDIS_SCENARIOS if self.args.redis else ()),
+            *(REDIS_SCENARIOS if self.args.redis and self.first_cell else ()),
             *(PEER_SCENARIOS if not self.args.no_peers else ()),
         ]
 
     def _seed(self) -> None:
         self.pool = tuple(str(uuid.uuid4()) for _ in range(self.args.pool))
-        seeded = self.executor.submit(run_load, self.load("seed", 600.0, self.pool)).result()
-        if seeded.errors or seeded.requests != len(self.pool):
+        for attempt in range(SEED_ATTEMPTS):
+            # a key answered 202 (still at the acquirer) or 409 (held) is sent again with the
+            # same body: its replay is the 201 once done — the idempotency contract at work
+            seeded = self.executor.submit(run_load, self.load("seed", 600.0, self.pool)).result()
+            if not seeded.errors and seeded.requests == len(self.pool):
+                break
+            self.console.print(f"[dim]seed pass {attempt + 1}: {seeded.statuses}, again[/]")
+            time.sleep(2.0)
+        else:
             raise RuntimeError(f"pre-creating the key pool failed: {seeded.statuses}")
         self.console.print(f"[dim]pre-created {len(self.pool):,} keys for replay and lookup[/]")
 
@@ -276,16 +387,25 @@ class Bench:
             assert self.pgbench
             pgbench.run(self.pgbench, script, self.database, seconds=1, clients=10, threads=2)
 
+    def wait_label(self, scenario: str) -> str:
+        return self.wait_label_for(self.cell, scenario)
+
+    def wait_label_for(self, cell: Cell, scenario: str) -> str:
+        """The wait sampler's label: the scenario, within its cell when there are several."""
+        return scenario if len(self.cells) == 1 else f"{cell.name} · {scenario}"
+
     def _measure(self, scenario: str, number: int) -> None:
         assert self.waits is not None
-        self.waits.scenario = scenario
+        self.waits.scenario = self.wait_label(scenario)
         try:
             row = self._measure_one(scenario)
         finally:
             self.waits.scenario = None
-        self.rounds.append({"scenario": scenario, "round": number + 1, **row})
+        self.rounds.append(
+            {"cell": self.cell.name, "scenario": scenario, "round": number + 1, **row}
+        )
         self.console.print(
-            f"[dim]round {number + 1}/{self.args.rounds}  {scenario:<9} {row['rate']:>8,.0f}/s"
+            f"[dim]round {number + 1}/{self.args.rounds}  {scenario:<13} {row['rate']:>8,.0f}/s"
             f"  errors {row['errors']}[/]"
         )
 
@@ -294,14 +414,17 @@ class Bench:
         pid = self.cached.pid if scenario.endswith("+redis") and self.cached else self.server.pid
         if scenario in self.peers:
             pid = self.peers[scenario].pid
-        before = sample_cpu(pid, self.database)
+        acquirer = self.acquirer.pid if self.acquirer is not None else 0
+        before = sample_cpu(pid, self.database, acquirer)
+        server = self._idempay_server(scenario)
+        commits = group_commits(server.url) if server is not None else None
         if scenario in self.scripts:
             row = self._pgbench_round(self.scripts[scenario])
         else:
             result = self.executor.submit(
                 run_load, self.load(scenario, self.args.seconds, self.pool)
             ).result()
-            self.latencies[scenario].extend(result.latencies_ms)
+            self.latencies.setdefault((self.cell.name, scenario), []).extend(result.latencies_ms)
             ordered = sorted(result.latencies_ms)
             row = {
                 "requests": result.requests,
@@ -312,10 +435,21 @@ class Bench:
                 "statuses": result.statuses,
                 "p99_ms": percentile(ordered, 99),  # this round's own, for paired p99 ratios
             }
-        row["cpu"] = cpu_delta(before, sample_cpu(pid, self.database))
+        row["cpu"] = cpu_delta(before, sample_cpu(pid, self.database, acquirer))
         if scenario in self.scripts:
             row["generator_cpu_s"] = row["cpu"]["children_s"]
+        if server is not None and commits is not None:
+            after = group_commits(server.url)
+            if after is not None:
+                row["group_commit"] = {name: after[name] - commits[name] for name in after}
         return row
+
+    def _idempay_server(self, scenario: str) -> Server | None:
+        """The idempay server a create scenario writes through (its group-commit counters)."""
+        if scenario == "create":
+            return self.server
+        peer = self.peers.get(scenario)
+        return peer if isinstance(peer, Server) and scenario.startswith("create") else None
 
     def _pgbench_round(self, script: Path) -> dict[str, Any]:
         assert self.pgbench
@@ -365,12 +499,19 @@ class Bench:
         self.profile = profiling.parse(out.read_text())
         self.profile_note = f"{driven.requests:,} creates during the profile"
 
-    def figures(self) -> dict[str, dict[str, Any]]:
+    def cell_rounds(self, cell: Cell) -> list[dict[str, Any]]:
+        return [r for r in self.rounds if r["cell"] == cell.name]
+
+    def figures(self, cell: Cell) -> dict[str, dict[str, Any]]:
         out = {}
-        for scenario in self.order:
-            rounds = [r for r in self.rounds if r["scenario"] == scenario and r.get("ok", True)]
+        names = {r["scenario"]: None for r in self.cell_rounds(cell)}
+        for scenario in names:
+            rounds = [
+                r for r in self.cell_rounds(cell) if r["scenario"] == scenario and r.get("ok", True)
+            ]
             if rounds:
-                out[scenario] = summarize(rounds, self.latencies.get(scenario, []))
+                latencies = self.latencies.get((cell.name, scenario), [])
+                out[scenario] = summarize(rounds, latencies)
                 if scenario in self.scripts:
                     out[scenario]["latency_avg_ms"] = statistics.median(
                         r["latency_avg_ms"] for r in rounds
@@ -384,53 +525,91 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
     console = Console()
     if not console.is_terminal:
-        console = Console(width=150)
+        console = Console(width=160)
     machine = machine_info()
     started = datetime.now(UTC)
+    load_before = os.getloadavg()
     database = create_database()
     try:
+        # read before the servers hold their pools: the shared Postgres may be full later
+        postgres = postgres_settings(database)
         with tempfile.TemporaryDirectory(prefix="idempay-bench-") as tmp:
             bench = Bench(args, console, Path(tmp))
             try:
                 bench.run(database)
-                postgres = postgres_settings(database)
             finally:
                 bench.close()
     finally:
         drop_database(database)
-    figures = bench.figures()
-    derived = ratios(figures)
-    title = (
-        f"{started:%Y-%m-%d %H:%M} UTC · git {machine['git']} · "
-        f"{machine['nproc']} cores {machine['cpu_model']} · "
-        f"Python {machine['python']} · Postgres {postgres['version']} · generator on the same "
-        f"machine · concurrency {args.concurrency} · {args.rounds} rounds × {args.seconds:g} s"
-    )
-    waits = {name: bench.waits.summary(name) for name in figures} if bench.waits else {}
-    context = {"title": title, "pgbench_note": bench.pgbench_note, "waits": waits}
-    render(console, figures, derived, context)
-    versus = peer_goals.peer_ratios(bench.rounds)
-    verdicts = peer_goals.judge(versus)
-    if versus:
-        peer_goals.render(console, versus, verdicts)
+    load_after = os.getloadavg()
+    loads = {"before": list(load_before), "after": list(load_after)}
+    results = []
+    failed: list[str] = []
+    for cell in bench.cells:
+        result = _report(console, args, bench, cell, machine, postgres, started, loads)
+        results.append(result)
+        failed += [f"{name} ({cell.name})" for name in result["failed"]]
     if args.profile:
         if bench.profile is not None:
             render_profile(console, bench.profile)
         console.print(bench.profile_note)
-    failed = [
-        name
-        for name in bench.http_scenarios
-        if name not in figures
-        or figures[name]["error_pct"] > ERROR_BUDGET_PCT
-        or not figures[name]["requests"]
-    ]
     if args.json:
-        derived = {**derived, "peers": versus, "goals": verdicts}  # type: ignore[dict-item]
-        _write_json(args, bench, machine, postgres, started, figures, derived, waits)
+        _write_json(args, bench, machine, postgres, started, loads, results)
     if failed:
         console.print(f"[red]FAILED[/]: errors over {ERROR_BUDGET_PCT} % in {', '.join(failed)}")
         return 1
     return 0
+
+
+def _report(
+    console: Console,
+    args: argparse.Namespace,
+    bench: Bench,
+    cell: Cell,
+    machine: dict[str, Any],
+    postgres: dict[str, str],
+    started: datetime,
+    loads: dict[str, list[float]],
+) -> dict[str, Any]:
+    """One cell's tables, ratios and goals; its figures for the JSON document."""
+    figures = bench.figures(cell)
+    derived = ratios(figures)
+    load = " / ".join(f"{a:.1f}" for a in loads["before"])
+    title = (
+        f"{started:%Y-%m-%d %H:%M} UTC · git {machine['git']} · "
+        f"{machine['nproc']} cores {machine['cpu_model']} · "
+        f"Python {machine['python']} · Postgres {postgres['version']} · generator on the same "
+        f"machine · load average at start {load} · {cell.name} · "
+        f"{args.rounds} rounds × {args.seconds:g} s"
+    )
+    waits = (
+        {name: bench.waits.summary(bench.wait_label_for(cell, name)) for name in figures}
+        if bench.waits
+        else {}
+    )
+    context = {"title": title, "pgbench_note": bench.pgbench_note, "waits": waits}
+    render(console, figures, derived, context)
+    versus = peer_goals.peer_ratios(bench.cell_rounds(cell))
+    verdicts = peer_goals.judge(versus, latency_ms=cell.latency_ms, concurrency=cell.concurrency)
+    if versus:
+        peer_goals.render(console, versus, verdicts, cell.name)
+    expected = [r["scenario"] for r in bench.cell_rounds(cell) if "ok" not in r]
+    failed = [
+        name
+        for name in dict.fromkeys(expected)
+        if name not in figures
+        or figures[name]["error_pct"] > ERROR_BUDGET_PCT
+        or not figures[name]["requests"]
+    ]
+    return {
+        "cell": cell.name,
+        "acquirer": {"latency_ms": cell.latency_ms, "jitter_ms": cell.jitter_ms},
+        "concurrency": cell.concurrency,
+        "figures": figures,
+        "ratios": {**derived, "peers": versus, "goals": verdicts},
+        "postgres_backends": waits,
+        "failed": failed,
+    }
 
 
 def _write_json(
@@ -439,19 +618,25 @@ def _write_json(
     machine: dict[str, Any],
     postgres: dict[str, str],
     started: datetime,
-    figures: dict[str, Any],
-    derived: dict[str, Any],
-    waits: dict[str, Any],
+    loads: dict[str, list[float]],
+    results: list[dict[str, Any]],
 ) -> None:
+    """Every figure; ``figures``/``ratios`` are the first cell's, ``cells`` holds them all."""
+    first = results[0]
     document: dict[str, Any] = {
         "command": " ".join(["python -m loadtest.bench", *sys.argv[1:]]),
         "started_at": started.isoformat(),
-        "machine": {**machine, "generator": "same machine, separate process"},
+        "machine": {
+            **machine,
+            "generator": "same machine, separate process",
+            "load_average": loads,
+        },
         "postgres": postgres,
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "figures": figures,
-        "ratios": derived,
-        "postgres_backends": waits,
+        "figures": first["figures"],
+        "ratios": first["ratios"],
+        "postgres_backends": first["postgres_backends"],
+        "cells": results,
         "rounds": bench.rounds,
     }
     if bench.profile is not None:

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Model-check the payment protocol: docs/protocol/idempay.pml (what it models, its bounds and
-# its correspondence to the code: docs/protocol/README.md).
+# Model-check the payment protocol: docs/protocol/idempay.pml (the terminal, the SDK and the
+# server's key protocol) and docs/protocol/acquirer.pml (the create across the acquirer
+# boundary: one 0200, the reversal-advice queue, contract §3.8) -- what they model, their
+# bounds and their correspondence to the code: docs/protocol/README.md.
 #
 # Every property must hold within its bounds (a full state-space search: 0 errors, search
 # complete), and every mutant of the model must yield a counterexample trail, replayed by
-# spin, for the property its bug breaks (M6 is the code as it was before 821217e: the bug
-# this model found). Prints one summary table; exits non-zero on any unexpected result.
+# spin, for the property its bug breaks. Prints one summary table; exits non-zero on any
+# unexpected result.
 #
-#   scripts/verify.sh                        everything (~3.5 min of CPU: ~2-3 min on an idle 2-core machine)
+#   scripts/verify.sh                        everything (~4.5 min of CPU; 9.5 min of wall time on 2 cores at load 6-9)
 #   VERIFY_ONLY="S1 M2" scripts/verify.sh    a subset, by check id
 #   VERIFY_KEEP=1 scripts/verify.sh          keep the work dir (pan output, trails, replays)
 #   VERIFY_JOBS=N                            parallel searches (default: cores, at most 4)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MODEL="$ROOT/docs/protocol/idempay.pml"
+MODELS="$ROOT/docs/protocol"
 CORES="$(nproc 2>/dev/null || echo 2)"
 JOBS="${VERIFY_JOBS:-$(( CORES < 4 ? CORES : 4 ))}"
 ONLY="${VERIFY_ONLY:-}"
@@ -54,8 +56,8 @@ trap cleanup EXIT
 # model), so one compiled pan serves every bound of a kind of search; compiling pan.c costs
 # more than most searches. Mutants are compiled with their bounds as -D values instead, the
 # defaults that a `spin -t` replay of their trail (which runs no C code) also uses.
-b() {  # b NET CRASH T_CRASH PAUSE ISSUER: the bounds as -D defaults
-  echo "-DNET_FAULTS=$1 -DCRASHES=$2 -DT_CRASHES=$3 -DPAUSES=$4 -DISSUER_FAULTS=$5"
+b() {  # b NET CRASH T_CRASH PAUSE ACQ: the bounds as -D defaults
+  echo "-DNET_FAULTS=$1 -DCRASHES=$2 -DT_CRASHES=$3 -DPAUSES=$4 -DACQ_FAULTS=$5"
 }
 ZERO="$(b 0 0 0 0 0)"   # shared builds: no faults unless the environment grants them
 SAFE_CC="-O2 -DSAFETY -DNOCLAIM -DMEMLIM=8192"   # assertions + invalid end states
@@ -70,20 +72,21 @@ only() {  # only P: the monitor asserts property P and no other (a mutant's targ
 }
 MUT="$(b 1 1 0 1 1)"   # the safety mutants' bounds (= S3's)
 
-# build | spin -D | cc flags
+# build | spin -D | cc flags | model (default idempay.pml)
 BUILDS=(
   "safe|-DMONITOR $ZERO|$SAFE_CC"
-  "safe-down|-DMONITOR -DISSUER_DOWN $ZERO|$SAFE_CC"
+  "safe-down|-DMONITOR -DACQUIRER_DOWN $ZERO|$SAFE_CC"
   "live|-DFAIR $ZERO|$LIVE_CC"
-  "live-down|-DFAIR -DISSUER_DOWN $ZERO|$LIVE_CC"
+  "live-down|-DFAIR -DACQUIRER_DOWN $ZERO|$LIVE_CC"
   "m1|-DMONITOR $(only e) -DMUTANT_NO_LEASE_TOKEN $MUT|$FAST_CC"
   "m2|-DMONITOR $(only c) -DMUTANT_404_GIVES_UP $MUT|$FAST_CC"
   "m3|-DMONITOR $(only b) -DMUTANT_CHECK_THEN_INSERT -DNO_EXPIRY $(b 2 0 0 1 1)|$FAST_CC"
   "m7|-DMONITOR $(only b) -DMUTANT_CHECK_THEN_INSERT $MUT|$FAST_CC"
-  "m4|-DMONITOR $(only a) -DMUTANT_FRESH_ISSUER_KEY $MUT|$FAST_CC"
+  "m4|-DMONITOR $(only a) -DMUTANT_REDRIVE $MUT|$FAST_CC"
   "m5|-DFAIR -DMUTANT_NO_RECOVER $(b 1 0 1 0 0)|-O0 -DNFAIR=3 -DMEMLIM=8192"
-  "m6|-DMONITOR $(only f) -DMUTANT_VOID_BEFORE_FENCE $MUT|$FAST_CC"
-  # issue 14 and 24: the later-attempt rejection (in the shared builds, PML_REJECTS), the
+  "m6|-DMONITOR $(only f) -DMUTANT_FENCE_WITHOUT_ADVICE $MUT|$FAST_CC"
+  "m17|-DMONITOR $(only a) -DMUTANT_RELEASE_IN_DOUBT $MUT|$FAST_CC"
+  # the later-attempt rejection (in the shared builds, PML_REJECTS), the
   # retention purge with the server's clock, a second driver on the journal
   "ret|-DMONITOR -DRETENTION $ZERO|$SAFE_CC"
   "ret-beyond|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND $ZERO|$FAST_CC"  # small: -O0 pays
@@ -96,20 +99,29 @@ BUILDS=(
   # limits of the fixed protocol, kept as checks so that they stay documented and true
   "x1|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND $(b 2 0 0 0 0)|$FAST_CC"
   "x2|-DMONITOR $(only g) -DRETENTION -DSKEW_BEYOND $(b 1 0 0 0 0)|$FAST_CC"
-  # issue 16: store and forward (a sale accepted offline, forwarded as an advice)
+  # store and forward (a sale accepted offline, forwarded as an advice)
   "off|-DMONITOR -DOFFLINE $ZERO|$SAFE_CC"
   "off-ret|-DMONITOR -DOFFLINE -DRETENTION $ZERO|$SAFE_CC"
   "live-off|-DFAIR -DOFFLINE $ZERO|$LIVE_CC"
   "m13|-DMONITOR $(only k) -DOFFLINE -DMUTANT_OFFLINE_AFTER_SEND $(b 1 0 0 0 0)|$FAST_CC"
   "m14|-DMONITOR $(only k) -DOFFLINE -DMUTANT_RECOVER_FENCES_STORED $(b 1 0 1 0 0)|$FAST_CC"
+  # the acquirer boundary (acquirer.pml): bounds "NET CRASH - PAUSE -" (the T_CRASH and
+  # ISSUER fields are not used there), NK keys; aborts and reversals in every build
+  "acq|-DMONITOR -DABORTS -DREVERSAL $ZERO|$SAFE_CC|acquirer.pml"
+  "acq2|-DMONITOR -DABORTS -DREVERSAL -DNK=2 $ZERO|$SAFE_CC -DCOLLAPSE|acquirer.pml"
+  "acq-live|-DFAIR -DABORTS -DREVERSAL $ZERO|$LIVE_CC|acquirer.pml"
+  "acq2-live|-DFAIR -DABORTS -DNK=2 $ZERO|$LIVE_CC -DCOLLAPSE|acquirer.pml"
+  "m15|-DMONITOR -DCHK_M=0 -DABORTS -DREVERSAL -DMUTANT_RESEND_0200 $(b 1 1 0 1 0)|$FAST_CC|acquirer.pml"
+  "m16|-DMONITOR -DCHK_L=0 -DM_AT_END -DABORTS -DREVERSAL -DMUTANT_SETTLE_THEN_QUEUE $(b 1 1 0 1 0)|$FAST_CC|acquirer.pml"
 )
 
 # ---------------------------------------------------------------- the checks
 # Bounds (docs/protocol/README.md, "Bounds"): how many faults of each kind the world may
-# inject in one run, "NET CRASH T_CRASH PAUSE ISSUER [REJECT]" -- network (drop, duplicate,
+# inject in one run, "NET CRASH T_CRASH PAUSE ACQ [REJECT]" -- network (drop, duplicate,
 # reorder, early timeout, connect error), server crash, terminal crash, lease-holder stall,
-# issuer timeout, and (optional, default 0) create attempts rejected before processing
-# (408/401/413/proxy 4xx). "-": the build's own -D bounds.
+# acquirer-link fault (a 0200 never sent, lost on its way, its answer lost or late), and
+# (optional, default 0) create attempts rejected before processing (408/401/413/proxy
+# 4xx). "-": the build's own -D bounds.
 SAFE="a b c e f"
 SAFE_PAN="-m20000 -w25"
 LIVE_PAN="-m20000 -a -f -N d"
@@ -119,24 +131,25 @@ CHECKS=(
   "S2|$SAFE|as is|all x1 but server crash|holds|safe|1 0 1 1 1|$SAFE_PAN"
   "S3|$SAFE|as is|all x1 but terminal crash|holds|safe|1 1 0 1 1|$SAFE_PAN"
   "S4|$SAFE|as is|all x1 but stall|holds|safe|1 1 1 0 1|$SAFE_PAN"
-  "S5|$SAFE|as is|all x1 but issuer timeout|holds|safe|1 1 1 1 0|-m20000 -w26"
-  "S6|$SAFE|as is|net x2, stall, issuer timeout|holds|safe|2 0 0 1 1|$SAFE_PAN"
-  "S7|$SAFE|ISSUER_DOWN|net, crash, stall|holds|safe-down|1 1 0 1 0|$SAFE_PAN"
+  "S5|$SAFE|as is|all x1 but acquirer fault|holds|safe|1 1 1 1 0|-m20000 -w26"
+  "S6|$SAFE|as is|net x2, stall, acquirer fault|holds|safe|2 0 0 1 1|$SAFE_PAN"
+  "S7|$SAFE|ACQUIRER_DOWN|net, crash, stall|holds|safe-down|1 1 0 1 0|$SAFE_PAN"
   "L1|d|as is|net, terminal crash|holds|live|1 0 1 0 0|$LIVE_PAN"
   "L2|d|as is|net, server crash|holds|live|1 1 0 0 0|$LIVE_PAN"
   "L3|d|as is|net, stall|holds|live|1 0 0 1 0|$LIVE_PAN"
-  "L4|d|as is|net, issuer timeout|holds|live|1 0 0 0 1|$LIVE_PAN"
+  "L4|d|as is|net, acquirer fault|holds|live|1 0 0 0 1|$LIVE_PAN"
   "L5|d|as is|server crash, terminal crash|holds|live|0 1 1 0 0|$LIVE_PAN"
-  "L6|d|as is|crash, stall, issuer timeout|holds|live|0 1 0 1 1|$LIVE_PAN"
-  "L7|d|as is|terminal crash, stall, issuer t/o|holds|live|0 0 1 1 1|$LIVE_PAN"
-  "L8|d|ISSUER_DOWN|crash, stall|holds|live-down|0 1 0 1 0|$LIVE_PAN"
+  "L6|d|as is|crash, stall, acquirer fault|holds|live|0 1 0 1 1|$LIVE_PAN"
+  "L7|d|as is|terminal crash, stall, acq. fault|holds|live|0 0 1 1 1|$LIVE_PAN"
+  "L8|d|ACQUIRER_DOWN|crash, stall|holds|live-down|0 1 0 1 0|$LIVE_PAN"
   "M1|e|MUTANT_NO_LEASE_TOKEN|= S3|counterexample:e|m1|-|-m20000 -w25"
   "M2|c|MUTANT_404_GIVES_UP|= S3|counterexample:c|m2|-|-m20000 -w25"
   "M3|b|MUTANT_CHECK_THEN_INSERT|= S6; abort (no expiry)|counterexample:b|m3|-|-m20000 -w25"
-  "M4|a|MUTANT_FRESH_ISSUER_KEY|= S3|counterexample:a|m4|-|-m20000 -w25"
+  "M4|a|MUTANT_REDRIVE|= S3|counterexample:a|m4|-|-m20000 -w25"
   "M5|d|MUTANT_NO_RECOVER|= L1|counterexample:d|m5|-|$LIVE_PAN"
-  "M6|f|MUTANT_VOID_BEFORE_FENCE|= S3|counterexample:f|m6|-|-m20000 -w25"
+  "M6|f|MUTANT_FENCE_WITHOUT_ADVICE|= S3|counterexample:f|m6|-|-m20000 -w25"
   "M7|b|MUTANT_CHECK_THEN_INSERT|= S3; expiry|counterexample:b|m7|-|-m20000 -w25"
+  "M17|a|MUTANT_RELEASE_IN_DOUBT|= S3|counterexample:a|m17|-|-m20000 -w25"
   "S8|$SAFE g h|REJECTS|net, crash, t-crash, reject|holds|safe|1 1 1 0 0 1|$SAFE_PAN"
   "L9|d|REJECTS|net, terminal crash, reject|holds|live|1 0 1 0 0 1|$LIVE_PAN"
   "R1|$SAFE g h i|RETENTION|net x2|holds|ret|2 0 0 0 0|$SAFE_PAN"
@@ -155,13 +168,35 @@ CHECKS=(
   "O3|$SAFE g h k|OFFLINE|net x2, server crash|holds|off|2 1 0 0 0|$SAFE_PAN"
   "O4|$SAFE g h i k|OFFLINE RETENTION|net x2|holds|off-ret|2 0 0 0 0|$SAFE_PAN"
   "O5|$SAFE g h k|OFFLINE|net, crash, terminal crash|holds|off|1 1 1 0 0|$SAFE_PAN"
+  "O6|$SAFE g h k|OFFLINE|net, crash, acquirer fault|holds|off|1 1 0 0 1|$SAFE_PAN"
   "L10|d|OFFLINE|net, terminal crash|holds|live-off|1 0 1 0 0|$LIVE_PAN"
+  "L11|d|OFFLINE|net, acquirer fault|holds|live-off|1 0 0 0 1|$LIVE_PAN"
   "M13|k|MUTANT_OFFLINE_AFTER_SEND|net|counterexample:k|m13|-|-m20000 -w25"
   "M14|k|MUTANT_RECOVER_FENCES_STORED|net, terminal crash|counterexample:k|m14|-|-m20000 -w25"
+  # the acquirer boundary (acquirer.pml; NET: a lost message, a duplicated advice or
+  # acknowledgement, a 0200 that never left)
+  "A1|l m|acquirer, 1 key|net x3, crash x3, stall x2|holds|acq|3 3 0 2 0|$SAFE_PAN"
+  "A2|l m|acquirer, 2 keys|net, crash|holds|acq2|1 1 0 0 0|$SAFE_PAN"
+  "A3|l m|acquirer, 2 keys|net, stall|holds|acq2|1 0 0 1 0|$SAFE_PAN"
+  "A4|n|acquirer, 1 key|net x2, crash x2, stall|holds|acq-live|2 2 0 1 0|-m50000 -a -N n"
+  "A5|n|acquirer, 2 keys (no reversal)|net, crash|holds|acq2-live|1 1 0 0 0|-m50000 -a -N n"
+  "M15|l|MUTANT_RESEND_0200|net, crash, stall|counterexample:l|m15|-|-m20000 -w25"
+  "M16|m|MUTANT_SETTLE_THEN_QUEUE|net, crash, stall; m at end|counterexample:m|m16|-|-m20000 -w25"
 )
 
-# Which property pan's first error report states (the macros P_A … P_F, as pan prints them).
-property_of() {
+# Which property pan's first error report states (the macros P_A … P_N, as pan prints them).
+property_of() {  # property_of VIOLATION MODEL
+  if [ "$2" = acquirer.pml ]; then
+    case "$1" in
+      "") echo none ;;
+      *"acceptance cycle"*) echo n ;;
+      *"assertion violated"*"a_recv"*) echo l ;;
+      *"assertion violated"*"a_auth"*) echo m ;;
+      *"invalid end state"*) echo deadlock ;;
+      *) echo "model-assert" ;;
+    esac
+    return
+  fi
   case "$1" in
     "") echo none ;;
     *"acceptance cycle"*) echo d ;;
@@ -171,9 +206,9 @@ property_of() {
     *"assertion violated"*"reported==9"*"k_state==1"*) echo g ;;
     *"assertion violated"*"unsent_at_boot"*) echo h ;;
     *"assertion violated"*"purged"*) echo i ;;
-    *"assertion violated"*"i_auths<=1"*) echo a ;;
+    *"assertion violated"*"a_sent<=1"*) echo a ;;
     *"assertion violated"*"stale_commits==0"*) echo e ;;
-    *"assertion violated"*"i_state[0]"*) echo f ;;
+    *"assertion violated"*"a_auth"*"adv"*) echo f ;;
     *"assertion violated"*"reported"*) echo c ;;
     *"assertion violated"*"t_count>0"*"k_state==3"*) echo b ;;
     *) echo "model-assert" ;;
@@ -183,7 +218,7 @@ property_of() {
 field_of() {  # field_of N "a|b|c": the Nth field (1-based) of a table row
   local IFS='|' parts
   read -r -a parts <<<"$2"
-  echo "${parts[$(( $1 - 1 ))]}"
+  echo "${parts[$(( $1 - 1 ))]:-}"
 }
 build_spec() {
   local spec
@@ -199,16 +234,23 @@ check_spec() {
 }
 selected() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
+model_of() {  # model_of BUILD: the model file the build checks
+  local m
+  m="$(field_of 4 "$(build_spec "$1")")"
+  echo "${m:-idempay.pml}"
+}
+
 build() {  # build NAME: spin -a and gcc into $WORK/build-NAME; writes its status file
-  local name="$1" spec dir
+  local name="$1" spec dir model
   spec="$(build_spec "$name")"
+  model="$(model_of "$name")"
   dir="$WORK/build-$name"
   mkdir -p "$dir"
-  cp "$MODEL" "$dir/idempay.pml"
+  cp "$MODELS/$model" "$dir/$model"
   (
     cd "$dir"
     # shellcheck disable=SC2086
-    if ! spin $(field_of 2 "$spec") -a idempay.pml >spin.out 2>&1; then
+    if ! spin $(field_of 2 "$spec") -a "$model" >spin.out 2>&1; then
       echo spin-error >status; exit 0
     fi
     # shellcheck disable=SC2086
@@ -221,20 +263,21 @@ build() {  # build NAME: spin -a and gcc into $WORK/build-NAME; writes its statu
 
 run_check() {  # run_check ID BUILD BOUNDS PAN_FLAGS
   local id="$1" name="$2" bounds="$3" pan_flags="$4"
-  local dir="$WORK/$id" res="$WORK/$id/result" bdir="$WORK/build-$name"
+  local dir="$WORK/$id" res="$WORK/$id/result" bdir="$WORK/build-$name" model
+  model="$(model_of "$name")"
   mkdir -p "$dir"
   (
     cd "$dir"
     if [ "$(cat "$bdir/status" 2>/dev/null)" != "ok" ]; then
       echo "status=$(cat "$bdir/status" 2>/dev/null || echo build-missing)" >"$res"; exit 0
     fi
-    cp "$bdir/idempay.pml" .
+    cp "$bdir/$model" .
     local envs=()
     if [ "$bounds" != "-" ]; then
       local n c t p i r
       read -r n c t p i r <<<"$bounds"
       envs=(PML_NET_FAULTS="$n" PML_CRASHES="$c" PML_T_CRASHES="$t" PML_PAUSES="$p"
-            PML_ISSUER_FAULTS="$i" PML_REJECTS="${r:-0}")
+            PML_ACQ_FAULTS="$i" PML_REJECTS="${r:-0}")
     fi
     local start end
     start="$(date +%s.%N)"
@@ -259,9 +302,9 @@ run_check() {  # run_check ID BUILD BOUNDS PAN_FLAGS
     violation="$(grep -m1 -E '^pan:[0-9]+: ' pan.out || true)"
     # a counterexample must replay: spin follows the trail to the violation
     replay=no
-    if [ -f idempay.pml.trail ]; then
+    if [ -f "$model.trail" ]; then
       # shellcheck disable=SC2086
-      spin $(field_of 2 "$(build_spec "$name")") -t idempay.pml >replay.out 2>&1 || true
+      spin $(field_of 2 "$(build_spec "$name")") -t "$model" >replay.out 2>&1 || true
       if grep -q -e "assertion violated" -e "START OF CYCLE" replay.out; then
         replay=yes
       fi
@@ -274,17 +317,17 @@ run_check() {  # run_check ID BUILD BOUNDS PAN_FLAGS
       echo "elapsed=${elapsed}"
       echo "complete=${complete}"
       echo "trail=$replay"
-      echo "violated=$(property_of "$violation")"
+      echo "violated=$(property_of "$violation" "$model")"
     } >"$res"
   )
 }
 
 # Builds first (the shared ones are the slow ones), then the longest searches first, so
 # that the parallel slots stay busy to the end.
-BUILD_ORDER=(safe live safe-down live-down ret two off off-ret live-off ret-beyond m1 m2 m3
-             m4 m5 m6 m7 m8 m9 m10 m11 m12 m13 m14 x1 x2)
-LAUNCH_ORDER=(S5 L7 S8 S2 S4 S6 S3 R1 R2 T1 S1 S7 L6 L2 L3 L9 L10 O4 O2 O5 O3 O1 L8 L4 L5 L1 R3
-              M1 M2 M3 M4 M5 M6 M7 M8 M9 M10 M11 M12 M13 M14 X1 X2)
+BUILD_ORDER=(safe live safe-down live-down ret two off off-ret live-off acq2 acq2-live acq
+             acq-live ret-beyond m1 m2 m3 m4 m5 m6 m7 m17 m8 m9 m10 m11 m12 m13 m14 m15 m16 x1 x2)
+LAUNCH_ORDER=(S5 A5 L7 S8 A3 S2 S4 S6 S3 R1 R2 T1 S1 S7 A2 L6 L2 L3 L9 L10 L11 O4 O2 O5 O3 O1 O6 L8 L4
+              L5 L1 R3 A1 A4 M1 M2 M3 M4 M5 M6 M7 M17 M8 M9 M10 M11 M12 M13 M14 M15 M16 X1 X2)
 t0="$(date +%s)"
 needed=" "
 for id in "${LAUNCH_ORDER[@]}"; do
@@ -308,7 +351,7 @@ t1="$(date +%s)"
 # ---------------------------------------------------------------- the summary
 field() { sed -n "s/^$1=//p" "$2" 2>/dev/null | head -n1; }
 
-printf '\nSPIN model check of docs/protocol/idempay.pml (%s; %s parallel jobs, %ss)\n\n' \
+printf '\nSPIN model check of docs/protocol/idempay.pml and acquirer.pml (%s; %s parallel jobs, %ss)\n\n' \
   "$(spin -V 2>/dev/null | head -n1)" "$JOBS" "$(( t1 - t0 ))"
 fmt='%-3s %-14s %-25s %-34s %-17s %-17s %10s %6s %7s %-8s %s\n'
 # shellcheck disable=SC2059
@@ -352,19 +395,24 @@ for spec in "${CHECKS[@]}"; do
 done
 cat <<'LEGEND'
 
-a: the issuer authorizes the key at most once      b: never both a transaction and a tombstone
+a: at most one 0200 per key leaves idempay          b: never both a transaction and a tombstone
 c: what the terminal reports matches the ledger    d: the journal entry ends definitive and the key
 e: a stale worker (lease lost) never commits          leaves processing (weak fairness)
-f: the issuer agrees with the ledger (broken before 821217e; M6 keeps that code as a mutant)
-g: a payment reported rejected was never processed (issue 14: a later attempt's 408/401/413)
+f: once the key is settled, the acquirer's approval not undone by a queued reversal advice
+   stands iff the key has an approved transaction (the advice's delivery: l, m, n)
+g: a payment reported rejected was never processed (a later attempt's 408/401/413)
 h: recover() never sells: a sale whose terminal died before sending it is never charged
 i: a fenced key is never processed later, even after the purge of its tombstone (RETENTION)
 j: every driver of the key (the terminal, a second Client on its journal) reports the ledger
 k: store and forward stays exactly once: a sale accepted offline is never aborted by its
    terminal nor fenced as expired, and its forward records what the ledger says (OFFLINE)
+l: the acquirer receives at most one 0200 per key (acquirer.pml; §3.8)
+m: once a key is settled and its advice acknowledged, the acquirer's approval net of
+   reversals stands iff idempay holds the key's approved transaction (§3.8; M16: at the end)
+n: every key leaves processing and every advice is acknowledged (acquirer.pml, liveness)
 X1, X2: limits of the fix, expected to fail: a terminal clock ahead beyond the tolerance
 (docs/protocol/README.md, "Retention and clock skew").
-Safety searches (S*, R*, T1, O*, M1-M4, M6-M14, X*) also fail on a deadlock (invalid end state)
+Safety searches (S*, R*, T1, O*, A1-A3, M1-M4, M6-M17, X*) also fail on a deadlock (invalid end state)
 and on the model's own assertions. time: the search alone (pan); the total includes compiling.
 
 LEGEND

@@ -3,13 +3,31 @@ embedded SQLite directory, and real idempay servers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.backend import Backend
+from tests.support.citus import CitusCluster
 from tests.support.services import create_database, drop_database, pg_url
+
+
+@pytest.fixture(scope="session")
+def citus() -> Iterator[CitusCluster]:
+    """The private Citus cluster (a coordinator and two workers), once per run: every test
+    that uses it is in one xdist group, and each module takes a database of its own on it.
+    In a folder of its own under /tmp, not pytest's: the nodes run as the postgres user, and
+    pytest makes its own root folder private again (0700) at every session start."""
+    root = Path(tempfile.mkdtemp(prefix="idempay-citus-"))
+    cluster = CitusCluster(root)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -98,18 +116,59 @@ _KIND_PATHS = {
         "tests/loadtest/",
         "tests/idempay_tools/test_chaos",  # test_chaos.py, test_chaos_proxy.py
         "tests/idempay_tools/test_simulate_cli.py",
-        "tests/idempay_tools/test_failover.py",  # etcd + Patroni + two PostgreSQL nodes
+        "tests/idempay_tools/test_failover",  # etcd + Patroni + two PostgreSQL nodes
     ),
     "spark": ("tests/analytics/", "tests/deploy/test_audit_as_scheduled.py"),
     "server": ("tests/deploy/", "tests/client_sdk/test_integration_", "tests/api/fuzz/"),
 }
 
 
+# `make test` runs the suite on pytest-xdist workers with `--dist loadgroup`: tests that share
+# something costly a worker holds for the session stay on one worker (an `xdist_group`), so it
+# starts once per run: the private Citus cluster, the SparkSession. Everything a worker makes
+# on the machine's shared services is named for that worker (tests.support.services).
+_GROUP_FIXTURES = {
+    "citus": {"citus"},  # tests/conftest.py's session cluster
+    "spark": {"spark"},  # tests/analytics/conftest.py's SparkSession
+}
+
+
+class _GroupsInNodeIds:
+    """``--dist loadgroup`` sends together the tests whose node ids end in the same
+    ``@group``: pytest-xdist's worker appends it by setting ``item._nodeid``, which pytest
+    9.2 no longer reads (node ids became structured), so no test was grouped. This does the
+    same on the structured id, after every other plugin, where xdist did not."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if not config.getvalue("loadgroup"):
+            return
+        for item in items:
+            names = {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+            if not names or "@" in item.nodeid:
+                continue
+            grouped = f"{item.nodeid}@{'_'.join(sorted(names))}"
+            if hasattr(item, "_id"):
+                from _pytest.nodeid import coerce_node_id  # type: ignore[import-not-found]
+
+                item._id = coerce_node_id(grouped)
+            else:
+                item._nodeid = grouped
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for kind in ("server", "redis", "spark", "browser", "model", "chaos"):
         config.addinivalue_line("markers", f"{kind}: needs {kind} (left out of make test-fast)")
+    if getattr(config, "workerinput", None) is not None:  # a pytest-xdist worker
+        config.pluginmanager.register(_GroupsInNodeIds(), "idempay-xdist-groups")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups off the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(str(config.rootpath))
     for item in items:
@@ -121,3 +180,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for kind, prefixes in _KIND_PATHS.items():
             if path.startswith(prefixes):
                 item.add_marker(kind)
+        for group, names in _GROUP_FIXTURES.items():
+            if used & names:
+                item.add_marker(pytest.mark.xdist_group(group))
+    if getattr(config, "workerinput", None) is not None:
+        _longest_first(items)
+
+
+# Kinds whose tests run for minutes each (the model's verification, the chaos and failover
+# harnesses) or in one long group on one worker (Citus, Spark).
+_LONG_KINDS = ("model", "chaos", "spark", "citus", "xdist_group")
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Under xdist, the modules holding long tests are handed out first: the workers are
+    given work in collection order, and the model's verification, collected last, ran alone
+    at the end of the run while the other workers idled. Whole modules move (a module's
+    fixtures are set up once); the order is otherwise kept, and is the same in every worker."""
+    long = {item.path for item in items if any(item.get_closest_marker(k) for k in _LONG_KINDS)}
+    items.sort(key=lambda item: item.path not in long)

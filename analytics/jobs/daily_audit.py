@@ -8,11 +8,16 @@ metrics use all of its events whatever their date; only rows dated within --from
 (inclusive) are written. Outputs in --out: ``<table>.csv`` (one file with a header) and a
 ``<table>/`` Parquet folder for daily_summary, terminal_ranking, suspected_double_charges,
 exactly_once_violations, network_rates, terminal_link_loss, daily_trend, offline_summary,
-offline_terminals and duplicate_guard (``analytics.offline``), plus ``report.html``,
-``lake_warnings.csv`` (what is wrong with the lake: ``analytics.lake_health``; with
-``--strict`` any warning makes the exit status 1) and ``lake_notes.csv`` (what is not
-damage but changes a figure's meaning: partitions older than the offline columns). CSV
-text cells that a spreadsheet would run as a formula are prefixed with ``'``.
+offline_terminals and duplicate_guard (``analytics.offline``), settlement_recon and
+settlement_exceptions (``analytics.settlement``: the transactions against the acquirer's
+clearing files in the lake), money_volume (``analytics.money``: approved, refunded and
+reversed volume per currency, which the report leads with), plus ``report.html`` (the days
+``analytics.synth`` made up marked: ``analytics.manifest.synthesized_days``),
+``lake_warnings.csv`` (what is wrong with the lake: ``analytics.lake_health``) and
+``lake_notes.csv`` (what is not damage but changes a figure's meaning: partitions older
+than a lake schema's columns, days without a clearing file). With ``--strict`` any lake
+warning or settlement exception makes the exit status 1.
+CSV text cells that a spreadsheet would run as a formula are prefixed with ``'``.
 """
 
 from __future__ import annotations
@@ -33,12 +38,24 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make `analytics`
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from pyspark.errors import AnalysisException  # noqa: E402
 from pyspark.sql import DataFrame, Row, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 from pyspark.sql.types import StructType  # noqa: E402
 
-from analytics import lake_health, money, offline, outputs, report, schemas, transforms  # noqa: E402
+from analytics import (  # noqa: E402
+    clearing,
+    lake_health,
+    manifest,
+    money,
+    offline,
+    outputs,
+    report,
+    schemas,
+    settlement,
+    transforms,
+)
 from analytics.lake import ADDED_COLUMNS  # noqa: E402
 from analytics.lake_health import LakeHealth  # noqa: E402
 from analytics.session import build_session  # noqa: E402
@@ -50,6 +67,7 @@ UNIQUE = {  # a row's identity in the database; a second copy in the lake is dro
     "ledger_entries": ["entry_id"],
 }
 OUTPUTS = [
+    "money_volume",
     "daily_summary",
     "terminal_ranking",
     "suspected_double_charges",
@@ -60,6 +78,8 @@ OUTPUTS = [
     "offline_summary",
     "offline_terminals",
     "duplicate_guard",
+    "settlement_recon",
+    "settlement_exceptions",
 ]
 
 
@@ -71,6 +91,11 @@ class AuditResult:
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     warnings: list[dict[str, Any]] = field(default_factory=list)
     notes: list[dict[str, Any]] = field(default_factory=list)  # not damage: --strict ignores
+
+    @property
+    def exceptions(self) -> list[dict[str, Any]]:
+        """The settlement exceptions (``--strict`` fails on any)."""
+        return self.rows.get("settlement_exceptions", [])
 
 
 def read_table(spark: SparkSession, lake: str, table: str, health: LakeHealth) -> DataFrame:
@@ -100,6 +125,79 @@ def read_table(spark: SparkSession, lake: str, table: str, health: LakeHealth) -
         ]
         df = reduce(DataFrame.unionByName, frames)
     return df
+
+
+def read_clearing(
+    spark: SparkSession, lake: str, health: LakeHealth
+) -> tuple[DataFrame, list[date]]:
+    """The clearing rows with their ``clearing_date``, and the days that have a clearing
+    file. On a local lake each day is checked first (manifest, and its rows against the
+    trailer it was landed with): a day that disagrees is a warning and is not read at all."""
+    schema = schemas.CLEARING
+    root = f"{lake.rstrip('/')}/{clearing.TABLE}"
+    if "://" in lake:
+        pattern = f"{root}/{clearing.PARTITION}=*-*-*"
+        try:
+            files = spark.read.option("basePath", root).parquet(pattern)
+        except AnalysisException:  # no clearing folder: nothing to reconcile
+            return spark.createDataFrame([], schema).withColumn(
+                "clearing_date", F.lit(None).cast("date")
+            ), []
+        rows = transforms.conform(files, schema).withColumn(
+            "clearing_date", F.col("clearing_date").cast("date")
+        )
+        days = sorted(
+            r["clearing_date"] for r in files.select("clearing_date").distinct().collect()
+        )
+        return rows, days
+    good: list[tuple[date, Path]] = []
+    for day, folder in clearing.partitions(Path(lake)):
+        problems = clearing.verify(folder)
+        for problem in problems:
+            health.add("clearing", clearing.TABLE, day.isoformat(), f"{problem}: day not read")
+        if not problems:
+            good.append((day, folder))
+    frames = [
+        transforms.conform(spark.read.parquet(str(folder)), schema).withColumn(
+            "clearing_date", F.lit(day)
+        )
+        for day, folder in good
+    ]
+    if not frames:
+        empty = spark.createDataFrame([], schema)
+        return empty.withColumn("clearing_date", F.lit(None).cast("date")), []
+    return reduce(DataFrame.unionByName, frames), [day for day, _ in good]
+
+
+def _clearing_notes(
+    sold: DataFrame, days: list[date], health: LakeHealth, *, start: date, end: date
+) -> None:
+    """What the reconciliation could not cover, said: approved transactions of a day without
+    a clearing file, and approved transactions without an rrn (older than lake schema 3)."""
+    rows = (
+        transforms.in_range(sold, start=start, end=end)
+        .groupBy("event_date")
+        .agg(F.sum("approved").alias("approved"), F.sum("approved_without_rrn").alias("bare"))
+        .collect()
+    )
+    for row in sorted(rows, key=lambda r: r["event_date"]):
+        day = row["event_date"].isoformat()
+        if row["event_date"] not in days and row["approved"]:
+            health.note(
+                "no_clearing",
+                clearing.TABLE,
+                day,
+                f"no clearing file landed for {day}: its {row['approved']} approved "
+                "transactions are not reconciled (idempay lake add-clearing)",
+            )
+        elif row["bare"]:
+            health.note(
+                "not_reconcilable",
+                "transactions",
+                day,
+                f"{row['bare']} approved transactions have no rrn (written before lake "
+                "schema 3): not reconciled with the clearing file",
+            )
 
 
 def _report_duplicates(health: LakeHealth, table: str, *, read: int, unique: int) -> None:
@@ -203,9 +301,14 @@ def audit_tables(
     )
     suspects = money.suspected_double_charges(transactions).cache()
     violations = money.violations_of(ledger_days, ledger).cache()
-    summary = outputs.daily_summary(cubes, suspects, violations, start=start, end=end).cache()
     sold = offline.transaction_cube(transactions).cache()
+    summary = outputs.daily_summary(cubes, suspects, violations, sold, start=start, end=end).cache()
+    cleared, clearing_days = read_clearing(spark, lake, health)
+    if clearing_days:
+        _clearing_notes(sold, clearing_days, health, start=start, end=end)
+    found = settlement.outcomes(settlement.by_rrn(transactions, cleared), clearing_days).cache()
     return {
+        "money_volume": money.money_volume(transactions, start=start, end=end),
         "daily_summary": summary,
         "terminal_ranking": outputs.terminal_ranking(cubes.keys, start=start, end=end),
         "suspected_double_charges": transforms.in_range(suspects, start=start, end=end).orderBy(
@@ -220,6 +323,8 @@ def audit_tables(
         "offline_summary": offline.offline_summary(sold, start=start, end=end),
         "offline_terminals": offline.offline_terminals(sold, start=start, end=end),
         "duplicate_guard": offline.duplicate_guard(cubes.events, sold, start=start, end=end),
+        "settlement_recon": settlement.settlement_recon(found, clearing_days, start=start, end=end),
+        "settlement_exceptions": settlement.settlement_exceptions(found, start=start, end=end),
     }
 
 
@@ -249,8 +354,14 @@ def run_audit(
     write_csv(out / "lake_warnings.csv", lake_health.COLUMNS, health.warnings)
     write_csv(out / "lake_notes.csv", lake_health.COLUMNS, health.notes)
     on_stage("rendering report.html")
+    synthesized = [day.isoformat() for day in manifest.synthesized_days(lake)]
     audit = report.AuditData(
-        start=start, end=end, lake_warnings=health.warnings, lake_notes=health.notes, **rows
+        start=start,
+        end=end,
+        lake_warnings=health.warnings,
+        lake_notes=health.notes,
+        synthesized_days=synthesized,
+        **rows,
     )
     html_path = out / "report.html"
     html_path.write_text(report.render(audit), encoding="utf-8")
@@ -269,6 +380,19 @@ def describe(warning: dict[str, Any], *, what: str = "lake warning") -> str:
     return f"{what} [{warning['kind']}] {where}: {warning['detail']}"
 
 
+def describe_exception(row: dict[str, Any]) -> str:
+    return (
+        f"settlement exception [{row['kind']}] {row['event_date']} merchant {row['merchant_id']}"
+        f" rrn {row['rrn']} transaction {row['transaction_id'] or '-'}: amount "
+        f"{_or_dash(row['amount'])} {row['currency'] or ''}, "
+        f"clearing {_or_dash(row['clearing_amount'])}"
+    )
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="idempay daily audit (contract §5)")
     parser.add_argument("--from", dest="start", type=date.fromisoformat, required=True)
@@ -277,7 +401,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     parser.add_argument(
-        "--strict", action="store_true", help="exit 1 when the lake has any warning"
+        "--strict",
+        action="store_true",
+        help="exit 1 when the lake has any warning or the settlement any exception",
     )
     return parser.parse_args(argv)
 
@@ -295,8 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(describe(note, what="lake note") + "\n")
     for name, value in result.headline.items():
         sys.stdout.write(f"{name}: {value}\n")
+    for exception in result.exceptions:
+        sys.stdout.write(describe_exception(exception) + "\n")
     sys.stdout.write(f"report: {result.report}\n")
-    return 1 if args.strict and result.warnings else 0
+    return 1 if args.strict and (result.warnings or result.exceptions) else 0
 
 
 if __name__ == "__main__":

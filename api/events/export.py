@@ -99,6 +99,11 @@ def _transactions(start: datetime, end: datetime) -> Select[Any]:
             t.offline,
             t.captured_at,
             t.duplicate_override,
+            # lake schema 3: the acquirer's retrieval reference (migration 0013), the
+            # approval's code, a decline's reason — the settlement reconciliation's inputs
+            t.rrn,
+            t.authorization_code,
+            t.decline_reason,
         )
         .where(t.created_at >= start, t.created_at < end)
         .order_by(t.created_at, t.merchant_id, t.id)

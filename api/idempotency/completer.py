@@ -1,13 +1,14 @@
 """The completer: no key stays ``processing`` once its owner is gone.
 
 Every ``IDEMPAY_COMPLETER_INTERVAL`` it takes over keys whose lease expired (a conditional
-UPDATE on the lease token, so any number of workers can run it safely), re-drives the
-issuer with the same derived issuer key, and finishes them; past the issuer deadline it
-voids the issuer call and fences the key as ``aborted``.
+UPDATE on the lease token, so any number of workers can run it safely) and settles them
+(``api/transactions/recovery.py``): an online key's 0200 may have left, so it is never sent
+again — the key ends declined / acquirer_timeout with its 0420 reversal advice queued in the
+same commit; an offline sale's 0220 advice is repeated (0221) until the acquirer answers.
 
 It is shared by every merchant, so it is fair between them (docs/security.md, "Noisy
-neighbours"): a re-drive of a key the issuer does not answer holds its slot for the whole
-issuer timeout, and one merchant's flood of such keys must not delay anyone else's.
+neighbours"): a repeated advice the acquirer does not answer holds its slot for the whole
+acquirer timeout, and one merchant's flood of such keys must not delay anyone else's.
 
 * ``slots`` re-drives run at once; one merchant holds at most ``per_merchant`` of them while
   others wait, and may use the slots nobody else wants except ``reserve`` kept free, so a
@@ -16,11 +17,10 @@ issuer timeout, and one merchant's flood of such keys must not delay anyone else
   (the due keys are read per merchant, so a merchant with few keys is never behind a page of
   another's);
 * a tick admits work into free slots without waiting for the re-drives already running;
-* a key whose issuer keeps not answering backs off (doubling, up to ``BACKOFF_MAX_SECONDS``,
-  never past its deadline, so it is still voided and fenced on time); an advice has no
-  deadline to keep, and its backoff is also written to its lease (``lease_until``), so a
-  merchant's advices waiting out an issuer outage are not read as due and never crowd its
-  other keys out of the due read.
+* a key whose acquirer keeps not answering backs off (doubling, up to
+  ``BACKOFF_MAX_SECONDS``); an offline sale's backoff is also written to its lease
+  (``lease_until``), so a merchant's advices waiting out an acquirer outage are not read as
+  due and never crowd its other keys out of the due read.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, bindparam, select, update
+from sqlalchemy import ColumnElement, Row, bindparam, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api.db import insert_if_absent
@@ -271,6 +271,19 @@ async def release(
         .values(lease_until=until)
     )
     _settled(conn, merchant_id, key, bool(result.rowcount))
+
+
+async def forget(conn: AsyncConnection, *, merchant_id: str, key: str, token: int) -> bool:
+    """Drop a claim we own whose authorization provably never left (contract §2.9: nothing
+    was processed, the key is released); waiting duplicates look again."""
+    result = await conn.execute(
+        delete(IdempotencyKey).where(
+            *_where(merchant_id, key),
+            IdempotencyKey.state == PROCESSING,
+            IdempotencyKey.lease_token == token,
+        )
+    )
+    return _settled(conn, merchant_id, key, bool(result.rowcount))
 
 
 async def expired_leases(conn: AsyncConnection, *, now: datetime, limit: int) -> list[KeyRecord]:

@@ -29,11 +29,13 @@ from typing import Any
 
 import structlog
 
+from api.headers import parse_capped_seconds
+
 log = structlog.get_logger("idempay.waiters")
 CHANNEL = "idempay_key_settled"
 PING_EVERY_S = 15.0  # the LISTEN connection is checked this often
 PING_TIMEOUT_S = 5.0
-_WAIT_MAX_DIGITS = 9
+_OWS = " \t"  # HTTP's optional whitespace (RFC 9110 §5.6.3); str.strip() would also eat NBSP
 
 
 def _preferences(values: list[str]) -> Iterator[tuple[str, str]]:
@@ -47,9 +49,9 @@ def _preferences(values: list[str]) -> Iterator[tuple[str, str]]:
             if char == '"':
                 quoted = not quoted
             if char == "," and not quoted:
-                head = "".join(token).split(";", 1)[0].strip()
+                head = "".join(token).split(";", 1)[0].strip(_OWS)
                 name, _, value = head.partition("=")
-                yield name.strip().lower(), value.strip().strip('"')
+                yield name.strip(_OWS).lower(), value.strip(_OWS).strip('"')
                 token = []
             else:
                 token.append(char)
@@ -57,13 +59,15 @@ def _preferences(values: list[str]) -> Iterator[tuple[str, str]]:
 
 def preferred_wait(prefer: str | list[str] | None, cap: float) -> int:
     """Seconds asked for by ``Prefer: wait=N`` (RFC 7240 §4.3), capped at ``cap``; 0 when
-    absent, negative or malformed (a preference the server does not understand is ignored)."""
+    absent, negative or malformed — anything but ASCII digits (a preference the server does
+    not understand is ignored; contract §2.8)."""
     if not prefer:
         return 0
     for name, value in _preferences([prefer] if isinstance(prefer, str) else prefer):
-        if name == "wait" and value.isdigit():
-            seconds = int(value) if len(value) <= _WAIT_MAX_DIGITS else cap
-            return int(min(seconds, cap))
+        if name == "wait":
+            seconds = parse_capped_seconds(value, cap=int(cap))
+            if seconds is not None:
+                return seconds
     return 0
 
 

@@ -10,6 +10,17 @@ then its reversal) always arrive in that order, with no gaps.
 On Postgres only one relay publishes at a time (a session advisory lock), so two relays
 can never interleave a merchant's events; a second relay waits as a hot standby.
 
+A stopped leader (SIGSTOP, a frozen host) keeps nothing past its lease
+(``IDEMPAY_RELAY_LEASE``, api/leader_sessions.py): its lock session carries
+``idle_session_timeout = lease``; each of its transactions (the tick's lock check and
+numbering on the lock session, the marks, ``relay --once``'s) carries
+``idle_in_transaction_session_timeout = lease`` and the relay's ``application_name``
+(``idempay-relay <id>``); and every relay, leading or waiting to, ends another relay's
+sessions whose transaction began more than a lease ago, which Postgres's timeouts never end
+when the client stopped between a statement's parse and its execution. Else a leader
+stopped between ticks would keep the lock for good, and one stopped inside a tick would
+keep it, or the numbering's locks, even past ``idle_session_timeout``.
+
 Numbering enforces leadership inside its own transaction, not only once per tick: the
 leader numbers on the very session that holds the lock (and checks, in that transaction,
 that it still does: a dead session cannot commit), and a relay ticking without a lock
@@ -42,6 +53,7 @@ from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from api import leader_sessions
 from api.db import atomic, utcnow
 from api.metrics import (
     OUTBOX_PUBLISHED,
@@ -55,6 +67,7 @@ from api.outbox.writer import COMPLETED, REVERSED
 
 log = structlog.get_logger("idempay.relay")
 LOCK_ID = 0x1DE4_9A7  # pg advisory lock id for "the relay"
+TAG = "idempay-relay"  # application_name of a relay's sessions in a transaction: TAG <id>
 STREAM_TTL_SECONDS = 7 * 86_400
 STREAM_MAXLEN = 1_000_000
 NEAR_BOUND = 0.9
@@ -84,8 +97,13 @@ class Relay:
         stream: str,
         batch: int = 500,
         mark_delay: float = 0.0,
+        lease: float | None = None,
     ) -> None:
-        self.engine = engine
+        """``lease``: ``IDEMPAY_RELAY_LEASE`` (``api.config.Settings.relay_lease``, 30 s)."""
+        self.lease = lease or 30.0
+        self._bound = self.lease  # how old a transaction of the relay may grow
+        self._tag = leader_sessions.name(TAG)
+        self.engine = leader_sessions.bounded(engine, self._tag, lambda: self._bound)
         self.redis = redis
         self.stream = stream
         self.batch = batch
@@ -155,26 +173,35 @@ class Relay:
         self, *, interval: float = 0.2, stop: Callable[[], bool] = lambda: False
     ) -> None:
         """Lead, then publish batch after batch. Leadership is a session lock: when the
-        session holding it dies (a storage restart drops every connection), the lock is
-        gone with it, so each tick first checks that session and, if it is dead, the relay
-        stops publishing and competes for the lock again."""
+        session holding it dies (a storage restart drops every connection; the lease ends
+        it), the lock is gone with it, so each tick first checks that session and, if it is
+        dead, the relay stops publishing, closes it and competes for the lock again. Leading
+        or waiting to, it ends other relays' transactions older than the lease
+        (``_end_stale``); a tick of its own is bounded by the lease."""
+        lease = max(self.lease, 3 * interval)  # a lease shorter than a tick loses every lock
+        self._bound = lease
         pause = interval
         while not stop():
             try:
                 async with self.engine.connect() as lock_conn:
-                    await _lead(lock_conn)
-                    pause = interval
-                    while not stop():
-                        await _still_leading(lock_conn)
-                        try:
-                            published = await self.run_once(lock_conn)
-                        except LeadershipLostError:
-                            raise  # compete for the lock again (outer loop)
-                        except Exception as exc:  # Redis or storage down: retry next tick
-                            log.warning("relay_tick_failed", error=type(exc).__name__)
-                            published = 0
-                        if published < self.batch:
-                            await asyncio.sleep(interval)
+                    try:
+                        await _lead(lock_conn, stop, self._tag, lease)
+                        pause = interval
+                        while not stop():
+                            await _still_leading(lock_conn)
+                            await _end_stale(lock_conn, self._tag, lease)
+                            try:
+                                async with asyncio.timeout(lease):
+                                    published = await self.run_once(lock_conn)
+                            except LeadershipLostError:
+                                raise  # compete for the lock again (outer loop)
+                            except Exception as exc:  # Redis or storage down: retry next tick
+                                log.warning("relay_tick_failed", error=type(exc).__name__)
+                                published = 0
+                            if published < self.batch:
+                                await asyncio.sleep(interval)
+                    finally:
+                        await _close_session(lock_conn)
             except Exception as exc:  # the lock's session is gone: lead again, backing off
                 log.warning("relay_lead_lost", error=type(exc).__name__, retry_in=pause)
                 await asyncio.sleep(pause)
@@ -296,16 +323,37 @@ async def _number(conn: AsyncConnection, rows: Sequence[Any]) -> list[_Numbered]
     return numbered
 
 
-async def _lead(conn: AsyncConnection) -> None:
-    """Block until this relay holds the leadership lock (Postgres); no-op on SQLite."""
+async def _lead(conn: AsyncConnection, stop: Callable[[], bool], tag: str, lease: float) -> None:
+    """Block until this relay holds the leadership lock (Postgres; no-op on SQLite), or
+    stop, ending stale transactions of other relays meanwhile (a stopped leader's lock
+    session may be stuck in one). The session ends by itself once idle for ``lease``
+    seconds, and is named ``tag`` all along."""
     if conn.dialect.name != "postgresql":
         return
-    while True:
-        if (await conn.execute(text(f"SELECT pg_try_advisory_lock({LOCK_ID})"))).scalar():
-            break
+    await leader_sessions.lock_session(conn, tag, lease)
+    while not (await conn.execute(text(f"SELECT pg_try_advisory_lock({LOCK_ID})"))).scalar():
+        await conn.commit()
+        if stop():
+            return
+        await _end_stale(conn, tag, lease)
         await asyncio.sleep(1.0)
     await conn.commit()  # keep the session lock, end the transaction
     log.info("relay_leading")
+
+
+async def _end_stale(conn: AsyncConnection, tag: str, lease: float) -> None:
+    """End the sessions of other relays' transactions (this database, this role) that began
+    more than ``lease`` seconds ago: their relay has stopped, and what they hold (the
+    leadership lock, the merchants' counter rows, outbox rows) would stay held."""
+    for pid, name in await leader_sessions.end_stale(conn, TAG, tag, lease):
+        log.warning("relay_stale_session_ended", pid=pid, relay=name)
+
+
+async def _close_session(conn: AsyncConnection) -> None:
+    """Postgres: end the lock's session (and the lock with it) rather than hand a session
+    that may still hold the lock, and carries ``idle_session_timeout``, back to the pool."""
+    if conn.dialect.name == "postgresql":
+        await conn.invalidate()
 
 
 async def _verify_leading(conn: AsyncConnection) -> None:

@@ -7,25 +7,18 @@ card (``card_fingerprint``), amount and currency was created within the window (
 either side of this one's ``created_at``) under another key — unless the body says
 ``"allow_duplicate": true`` (the cashier confirmed the sale): then it is processed and its
 transaction carries ``duplicate_override = true``. Nothing is stored under a refused key and
-the issuer is never asked.
+the acquirer is never asked.
 
-The check is one range probe of ``ix_transaction_duplicate_guard`` and runs where the create
-writes, so it costs no extra round trip:
-
-- Postgres, one-write create: inside the statement (``pg_create.CREATE_GUARDED``) through
-  ``idempay_duplicate_of`` (migration 0010), which takes the guard's advisory lock first;
-- the general path (SQLAlchemy, Postgres, Citus and SQLite): ``find_suspect`` inside the
-  transaction that claims or inserts the key, after ``pg_advisory_xact_lock`` on Postgres;
-- SQLite, one-write create: in the writer thread, inside the create's savepoint.
+The check is one range probe of ``ix_transaction_duplicate_guard`` inside the transaction
+that claims the key (``find_suspect``, after ``pg_advisory_xact_lock`` on Postgres), so it
+costs no extra round trip and a refused key leaves nothing behind.
 
 Races: two new keys for the same sale racing each other serialize on the advisory lock of
 (merchant, terminal, card, amount, currency) on Postgres — taken only when the guard is on,
-released at commit, so the second one sees the first's committed transaction — and on the
-single SQLite writer. A sale whose issuer does not answer inline (the phased path) is checked
-when its key is claimed, before the issuer call, but is itself invisible to the guard until
-its transaction is written: another sale of the same card made while it is still at the
-issuer is not blocked by it. The next day's audit still reports the pair as a suspected
-double charge.
+released at the claim's commit — and on SQLite's single writer. A sale is itself invisible
+to the guard until its transaction is written (after the acquirer's answer): another sale of
+the same card claimed while the first is still at the acquirer is not blocked by it. The
+next day's audit still reports the pair as a suspected double charge.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from api.errors import PanNotAllowedError, PayloadTooLargeError, ValidationFailedError
+from api.headers import parse_non_negative_int, parse_positive_int
 from api.transactions.pan import contains_pan
 from api.transactions.schemas import TransactionCreate
 
@@ -24,8 +25,8 @@ def _too_large() -> PayloadTooLargeError:
 
 
 async def read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+    declared = parse_non_negative_int(request.headers.get("content-length"))
+    if declared is not None and declared > MAX_BODY_BYTES:
         raise _too_large()
     chunks: list[bytes] = []
     size = 0
@@ -133,12 +134,7 @@ def decode(raw: bytes) -> TransactionCreate:
 
 def attempt_header(request: Request) -> int | None:
     """``Idempotency-Attempt`` is telemetry: an unusable value is recorded as unknown."""
-    raw = request.headers.get("idempotency-attempt", "")
-    # isascii: str.isdigit() is also true for "¹²³" (latin-1 0xB9, 0xB2, 0xB3), which int()
-    # refuses; that once turned a telemetry header into a 500.
-    if raw.isascii() and raw.isdigit() and len(raw) <= 6 and int(raw) >= 1:
-        return int(raw)
-    return None
+    return parse_positive_int(request.headers.get("idempotency-attempt"), max_digits=6)
 
 
 def network_header(request: Request) -> str | None:

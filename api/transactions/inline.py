@@ -1,56 +1,23 @@
-"""The one-write create: phases 1–3 of an inline token as ONE write to the database.
+"""The hot path's key reads: replay, lookup, abort and reversal read a key row (and its
+transaction) without SQLAlchemy and without a write lock.
 
-For a token the co-located issuer simulator answers at once (``answers_inline``), a create
-is the issuer's record, the key row (inserted already ``completed`` with its stored
-response), the transaction, its ledger entry and the outbox event — all or nothing. The
-general path (``TransactionService._process_inline``) spends 8 round trips on that on
-Postgres (read the key, BEGIN, five INSERTs, COMMIT) and 28 thread hops on SQLite. Here:
+- Postgres (``pg_create.PgInline``): one prepared ``SELECT`` in autocommit on a connection of
+  the hot path's own pool (``api.db.DriverPool``), no BEGIN/ROLLBACK;
+- SQLite (``sqlite_create.SqliteInline``): a reader thread with a ``query_only`` autocommit
+  connection (under WAL it sees the last commit and takes no lock), beside the writer
+  thread whose batches carry the request events' flushes (``api.events.writer``).
 
-- Postgres (``pg_create.py``): one data-modifying-CTE statement, prepared, in autocommit —
-  one statement is one transaction, ``synchronous_commit`` stays on;
-- SQLite (``sqlite_create.py``): one writer thread with group commit — each create in its
-  own SAVEPOINT, one ``synchronous=FULL`` COMMIT per batch, every answer given only after
-  its batch's COMMIT returned.
-
-The key insert decides (``ON CONFLICT DO NOTHING``): on a conflict nothing is written and
-the same write hands back the existing key row, from which the general path answers (replay,
-409, 410, 422). No read comes first: a fresh key and a replay each cost one write. A
-request whose times need judging (clock skew, expiry, age) never comes here.
+Creates do not write here: every create is claim → one 0200 over the acquirer link →
+finish (``api.transactions.service``, ``acquire``).
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
 from api.idempotency.store import KeyRecord
-from api.outbox import writer as outbox
-from api.transactions import repository
-from api.transactions.issuer import SimulatedIssuer
-from api.transactions.schemas import TransactionCreate
-
-if TYPE_CHECKING:
-    from api.transactions.guard import DuplicateOf, Guard
-    from api.transactions.service import TransactionService
-
-
-class StorageUnavailableError(ConnectionError):
-    """The database could not take the write now (connection lost, refused, disk full):
-    answered 503, and nothing was acknowledged — a retry with the same key is safe."""
-
-
-@dataclass(frozen=True, slots=True)
-class InlineCreate:
-    """Every row of one inline create, built before the write."""
-
-    txn: repository.NewTransaction
-    fingerprint: str
-    response_body: str
-    issuer_key: str
-    ledger: dict[str, Any] | None  # approved only
-    event: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +66,9 @@ READ_KEY_AND_TRANSACTION = (
 KEY_WIDTH = len(KEY_COLUMNS.split(","))
 
 
-class InlineWriter(Protocol):
-    async def create(
-        self, rows: InlineCreate, guard: Guard | None = None
-    ) -> KeyRecord | bool | DuplicateOf:
-        """True: written, durable. A ``KeyRecord``: nothing written, the key exists — this
-        is its row. False: nothing written, nothing known (a duplicate that committed just
-        now, or a write the general path must make): the caller reads the key and decides.
-        With the merchant's duplicate guard (``guard``, api/transactions/guard.py) checked in
-        the same write: ``DuplicateOf`` — nothing written, the key is new and the guard found
-        the transaction it would duplicate (never when ``guard.allow``: then it is written,
-        with ``duplicate_override`` set when a suspect was found)."""
+class HotReads(Protocol):
+    """The hot path's reads (``TransactionService.inline``), and the storage they hold
+    (connections, threads) closed after the last request."""
 
     async def read(self, merchant_id: str, key: str) -> KeyRecord | None:
         """The key row, read without taking any write lock."""
@@ -125,58 +84,3 @@ class InlineWriter(Protocol):
 
     async def close(self) -> None:
         """Finish what was accepted, then release connections and threads."""
-
-
-def build(
-    service: TransactionService,
-    merchant_id: str,
-    key: str,
-    body: TransactionCreate,
-    fingerprint: str,
-    now: datetime,
-) -> InlineCreate:
-    issuer = service.issuer
-    assert isinstance(issuer, SimulatedIssuer)  # only the co-located simulator can enlist
-    issuer_key = service.issuer_key(merchant_id, key)
-    auth = issuer.decide(issuer_key, body.card.token)
-    txn = service.new_transaction(merchant_id, key, body, auth, created_at=now)
-    ledger = None
-    if txn.status == "approved":
-        kind, signed = repository._ledger_amount(txn.type, txn.amount)
-        ledger = {"entry_id": str(uuid.uuid4()), "amount": signed, "kind": kind}
-    response_body = repository.render(txn)
-    return InlineCreate(
-        txn=txn,
-        fingerprint=fingerprint,
-        response_body=response_body,
-        issuer_key=issuer_key,
-        ledger=ledger,
-        event=completed_event(merchant_id, key, response_body, txn.processed_at),
-    )
-
-
-def completed_event(
-    merchant_id: str, key: str, response_body: str, now: datetime
-) -> dict[str, Any]:
-    """``outbox.new_event(event_type=COMPLETED, data=body_of(txn), …)``'s row, byte for byte,
-    with the rendered response as ``data`` instead of the body encoded a second time (``data``
-    is the payload's last member; tests/api/transactions/test_inline_writers.py holds the two
-    equal)."""
-    event_id = str(uuid.uuid4())
-    head = repository.dumps(
-        {
-            "event_id": event_id,
-            "type": outbox.COMPLETED,
-            "merchant_id": merchant_id,
-            "transaction_id": key,
-            "occurred_at": repository.iso(now),
-        }
-    )
-    return {
-        "event_id": event_id,
-        "merchant_id": merchant_id,
-        "type": outbox.COMPLETED,
-        "transaction_id": key,
-        "payload": f'{head[:-1]},"data":{response_body}}}',
-        "created_at": now,
-    }

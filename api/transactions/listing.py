@@ -18,7 +18,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -27,6 +27,7 @@ from starlette.datastructures import QueryParams
 
 from api.errors import ValidationFailedError
 from api.events.writer import RequestOutcome
+from api.headers import parse_positive_int, parse_rfc3339
 from api.models import Transaction
 from api.transactions import repository
 from api.transactions.outcome import Outcome
@@ -64,16 +65,14 @@ def _error(name: str, message: str) -> ValidationFailedError:
 
 
 def _aware(name: str, text: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise _error(name, "must be an RFC 3339 date-time") from None
-    if moment.tzinfo is None:
-        raise _error(name, "must carry a time zone (e.g. Z)")
-    try:  # 0001-01-01T00:00:00+14:00 is RFC 3339 but before year 1 in UTC (was a 500)
-        return moment.astimezone(UTC)
-    except OverflowError:
-        raise _error(name, "out of range: not an instant between years 1 and 9999 in UTC") from None
+    moment = parse_rfc3339(text)
+    if moment is None:
+        raise _error(
+            name,
+            "must be an RFC 3339 date-time with a time zone (e.g. 2026-11-20T00:00:00Z; at"
+            " most 6 fraction digits) between years 1 and 9999 in UTC",
+        )
+    return moment
 
 
 def _mac(secret: str, merchant_id: str, query: Query, payload: bytes) -> str:
@@ -130,13 +129,13 @@ def parse(params: QueryParams) -> Query:
     since_text = params.get("since")
     if since_text is None:
         raise _error("since", "required (RFC 3339, e.g. 2026-11-20T00:00:00Z)")
-    limit_text = params.get("limit", str(DEFAULT_LIMIT))
-    if not (limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= MAX_LIMIT):
+    limit = parse_positive_int(params.get("limit", str(DEFAULT_LIMIT)), max_digits=3)
+    if limit is None or limit > MAX_LIMIT:
         raise _error("limit", f"an integer from 1 to {MAX_LIMIT}")
     return Query(
         terminal_id=terminal,
         since=_aware("since", since_text),
-        limit=int(limit_text),
+        limit=limit,
         cursor=params.get("cursor"),  # an empty one too: refused in ``page``
     )
 

@@ -167,6 +167,7 @@ async def act(
             await ctx.redis.aclose()
         if ctx.service.inline is not None:
             await ctx.service.inline.close()
+        await ctx.acquirer.close()
         await ctx.engine.dispose()
 
 

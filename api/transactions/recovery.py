@@ -1,4 +1,4 @@
-"""Recovery: a key whose owner is gone — take over, then settle or re-drive; fence.
+"""Recovery: a key whose owner is gone — take over, then settle it in doubt; fence.
 
 The one place that takes over an expired lease, used by the completer
 (``api/idempotency/completer.py``), by a create's retry that finds such a key
@@ -6,13 +6,12 @@ The one place that takes over an expired lease, used by the completer
 
 take over  a compare-and-set on the lease token: of any number of takers exactly one wins,
            and the previous owner's final write (guarded by its old token) is refused;
-settle     past the issuer deadline a key is not re-driven: it is fenced — except an offline
-           advice (``entry_mode: offline``): the terminal already sold and the customer has
-           the goods, so the server never fences it; it is re-driven until the issuer answers;
-re-drive   phases 2–3 again with the same derived issuer key (the issuer never authorizes
-           twice for one key), through ``TransactionService.drive``;
-fence      the owner turns the key into an ``aborted`` tombstone and voids the issuer call,
-           in one transaction with its outbox event.
+settle     the key's 0200 may have left (its owner died between the claim and the answer),
+           so it is NEVER sent again: the key ends declined / acquirer_timeout with a 0420
+           reversal advice queued in the same transaction (contract §3.3, §2.9) — except an
+           offline sale, whose 0220 advice is repeated (0221) until the acquirer answers;
+fence      an abort's take-over turns the key into an ``aborted`` tombstone and queues the
+           reversal advice, in one transaction with its outbox event.
 """
 
 from __future__ import annotations
@@ -22,11 +21,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from api.acquirer import advice
 from api.db import atomic, utcnow
 from api.events.writer import RequestOutcome
 from api.idempotency import store
 from api.idempotency.store import KeyRecord
 from api.outbox import writer as outbox
+from api.transactions import acquire
 from api.transactions.outcome import Outcome
 from api.transactions.schemas import TransactionCreate
 
@@ -38,15 +39,15 @@ class Recovered(StrEnum):
     """What a recovery attempt did (the completer's ``idempay_recoveries_total`` labels)."""
 
     LOST = "lost"  # someone else took the key over first: nothing done
-    ABORTED = "aborted"  # past its issuer deadline: voided and fenced
-    COMPLETED = "completed"  # re-driven to its answer
-    PENDING = "pending"  # re-driven, and the issuer still did not answer (202)
+    ABORTED = "aborted"  # fenced by an abort, its reversal advice queued
+    COMPLETED = "completed"  # settled in doubt: declined / acquirer_timeout + advice
+    PENDING = "pending"  # the settlement could not be written yet (storage down)
 
 
 @dataclass(frozen=True, slots=True)
 class Recovery:
     result: Recovered
-    outcome: Outcome | None = None  # the re-drive's answer (COMPLETED, PENDING)
+    outcome: Outcome | None = None  # the settlement's answer (COMPLETED, PENDING)
 
 
 def is_advice(record: KeyRecord) -> bool:
@@ -72,30 +73,28 @@ async def take_over(service: TransactionService, record: KeyRecord, *, now: date
         return await store.take_over(conn, record, now=now, lease_s=service.settings.lease_seconds)
 
 
-async def settle(
-    service: TransactionService, record: KeyRecord, token: int, now: datetime
-) -> int | None:
-    """Past the issuer deadline, void the issuer call and fence the key as aborted — never an
-    offline advice: the terminal sold it long ago, a fence would lose the sale for good; it
-    is re-driven with the same derived issuer key (backing off) until the issuer answers.
-
-    Returns the token when the key is still ours to drive, None when it was settled.
-    """
-    if record.deadline_at is None or now < record.deadline_at or is_advice(record):
-        return token
-    await fence(service, record, token)
-    return None
-
-
 async def recover(service: TransactionService, record: KeyRecord, *, now: datetime) -> Recovery:
-    """Take over a key whose lease expired, then settle it or re-drive it."""
+    """Take over a key whose lease expired and settle it in doubt: declined /
+    acquirer_timeout, its reversal advice queued in the same commit. Never a second 0200."""
     token = await take_over(service, record, now=now)
     if token is None:
         return Recovery(Recovered.LOST)
-    if await settle(service, record, token, now) is None:
-        return Recovery(Recovered.ABORTED)
     body = TransactionCreate.model_validate_json(record.request or "{}")
-    outcome = await service.drive(
+    if body.is_advice:  # an offline sale: its 0220 is repeated (0221), never declined
+        outcome = await acquire.authorize_and_finish(
+            service,
+            record.merchant_id,
+            record.key,
+            body,
+            token=token,
+            created_at=record.created_at,
+            event=RequestOutcome.CREATED,
+            repeat=True,
+        )
+        result = Recovered.COMPLETED if outcome.status == 201 else Recovered.PENDING
+        return Recovery(result, outcome)
+    outcome = await acquire.settle_in_doubt(
+        service,
         record.merchant_id,
         record.key,
         body,
@@ -110,12 +109,10 @@ async def recover(service: TransactionService, record: KeyRecord, *, now: dateti
 async def fence(
     service: TransactionService, record: KeyRecord, token: int, *, reason: str | None = None
 ) -> bool:
-    """Turn a key we own into an aborted tombstone and void its issuer call, in one
-    transaction with its outbox event: fence and void commit together or not at all
-    (voiding first, in its own commit, let a stalled owner void an authorization and
-    then lose the key — found by the SPIN model, docs/protocol/). A remote acquirer
-    connector that cannot enlist voids from the ``transaction.aborted`` outbox event.
-    False when the token was no longer ours (nothing changed). ``reason``: an operator's,
+    """Turn a key we own into an aborted tombstone and queue the reversal advice of its
+    0200 (which may have left), in one transaction with its outbox event: fence and advice
+    commit together or not at all. False when the token was no longer ours (nothing
+    changed). ``reason``: an operator's,
     recorded in the outbox event.
 
     An offline advice is never fenced by a client's abort (``reason`` None: the HTTP route):
@@ -131,13 +128,14 @@ async def fence(
         fenced = await store.fence_owned(
             conn, merchant_id=record.merchant_id, key=record.key, token=token, now=now
         )
-        if fenced:
-            await service.issuer.void(
-                service.issuer_key(record.merchant_id, record.key),
+        if fenced:  # its 0200 may have left: the acquirer is told to undo it
+            await acquire.queue_advice(
+                service,
+                conn,
+                kind=advice.ABORT,
                 merchant_id=record.merchant_id,
-                amount=request.amount,
-                currency=request.currency,
-                conn=conn,
+                key=record.key,
+                body=request,
             )
             await outbox.append(
                 conn,

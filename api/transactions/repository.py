@@ -57,6 +57,7 @@ class NewTransaction:
     metadata_json: str | None
     offline: bool = False  # an offline advice (contract §2.2)
     duplicate_override: bool = False  # the guard found a suspect; the cashier confirmed
+    rrn: str | None = None  # the retrieval reference at the acquirer (contract §2.9)
 
 
 def iso(moment: datetime | None) -> str | None:

@@ -7,6 +7,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from api.acquirer import advice
+from api.acquirer.types import AcquirerError
 from api.db import atomic, utcnow
 from api.errors import (
     ApiError,
@@ -23,6 +25,8 @@ from api.transactions import recovery, repository
 from api.transactions.outcome import IdempotencyStatus as Status
 from api.transactions.outcome import Outcome, from_error, key_state_body
 from api.transactions.service import ABORTED_DETAIL, TransactionService
+
+REVERSAL_WAIT_S = 2.0  # the 0400's answer awaited inline; then the queued 0420 carries it
 
 NOT_FOUND_DETAIL = "Nothing was processed under this key."
 
@@ -112,17 +116,18 @@ def _abort_may_take_over(
     service: TransactionService, record: KeyRecord, now: datetime, *, operator: bool = False
 ) -> bool:
     """An abort waits (409) only for a request that may still answer its terminal: within
-    the issuer timeout of the claim. After that the key is the server's own (answered 202,
-    re-driven by the completer, or abandoned): the terminal's abort wins — it takes the lease
-    (a compare-and-set on the token, so the driver's final write is refused), voids the
-    issuer call and fences the key. A client's abort never does for an offline advice: the
-    server never fences one for a client (``recovery.fence``), so taking its lease would only
-    stall its re-drive; an operator's (``idempay admin key fence``, with a reason) may."""
+    the answer time of the claim (``IDEMPAY_ANSWER_WITHIN``). After that the key is the
+    server's own (answered 202, still at the acquirer, or abandoned): the terminal's abort
+    wins — it takes the lease (a compare-and-set on the token, so the driver's final write is
+    refused), fences the key and queues the reversal advice of its 0200 in the same commit. A
+    client's abort never does for an offline advice: the server never fences one for a
+    client (``recovery.fence``), so taking its lease would only stall its repeated advice; an
+    operator's (``idempay admin key fence``, with a reason) may."""
     if not operator and recovery.is_advice(record):
         return False
     if not record.lease_live(now):
         return True
-    grace = timedelta(seconds=service.settings.issuer_timeout + 0.5)
+    grace = timedelta(seconds=service.settings.answer_within + 0.5)
     return now >= record.created_at + grace
 
 
@@ -163,7 +168,7 @@ def _abort_possible_in(
     if not operator and recovery.is_advice(record):
         left = (record.lease_until - now).total_seconds() if record.lease_until else 0.0
         return max(1.0, left)
-    grace = timedelta(seconds=service.settings.issuer_timeout + 0.5)
+    grace = timedelta(seconds=service.settings.answer_within + 0.5)
     at = record.created_at + grace
     if record.lease_until is not None:
         at = min(at, record.lease_until)
@@ -209,6 +214,18 @@ async def reverse(
         now = utcnow()
         reversed_now = await repository.reverse(conn, txn, now=now)
         if reversed_now:
+            await advice.queue(
+                conn,
+                kind=advice.REVERSAL,
+                merchant_id=merchant_id,
+                key=key,
+                rrn=service.rrn(merchant_id, key),
+                terminal_id=txn.terminal_id,
+                type=txn.type,
+                amount=txn.amount,
+                currency=txn.currency,
+                now=now,
+            )
             data = repository.body_of(txn, status="reversed")
             data["reversed_at"] = repository.iso(now)
             await outbox.append(
@@ -220,16 +237,30 @@ async def reverse(
                 now=now,
                 reason=reason,
             )
-    if reversed_now:  # the reversal is committed; telling the issuer is best effort here and
-        # carried by the outbox's transaction.reversed event for the acquirer connector
-        with contextlib.suppress(Exception):
-            await service.issuer.void(
-                service.issuer_key(merchant_id, key),
-                merchant_id=merchant_id,
-                amount=txn.amount,
-                currency=txn.currency,
-            )
+    if reversed_now:  # the reversal and its advice are committed: now the 0400 (no
+        # transaction open); unanswered, the advice worker repeats it as a 0420
+        await _send_reversal(service, merchant_id, key)
     body, is_reversed = await _current(service, record)
     await service.cache.put_lookup(merchant_id, key, body, reversed_=is_reversed)
     event = Event.REVERSED if reversed_now else Event.ALREADY_REVERSED
     return Outcome(200, body, event, Status.PROCESSED, terminal_id=terminal)
+
+
+async def _send_reversal(service: TransactionService, merchant_id: str, key: str) -> None:
+    """The 0400 for a reversal whose 0420 is already queued: acknowledged → the advice is
+    done; otherwise the advice worker sends it (store and forward, contract §2.9)."""
+    async with service.reader.connect() as conn:
+        queued = await advice.get(conn, merchant_id, key)
+    if queued is None or queued.acknowledged_at is not None:
+        return
+    request = replace(queued.request(), repeat=False)
+    try:
+        acknowledged = await service.acquirer.reverse(
+            request, timeout_s=min(service.settings.acquirer_timeout, REVERSAL_WAIT_S)
+        )
+    except AcquirerError:
+        return
+    if acknowledged:
+        with contextlib.suppress(Exception):  # storage down: the worker's 0420 repeats it
+            async with atomic(service.engine) as conn:
+                await advice.acknowledge(conn, queued, now=utcnow())

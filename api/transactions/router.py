@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import structlog
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from api.context import AppContext
@@ -27,15 +29,29 @@ from api.idempotency.waiters import preferred_wait
 from api.metrics import CONFLICTS, LATENCY, REPLAYS, REQUESTS
 from api.transactions import listing, resolution, waiting
 from api.transactions.http import attempt_header, decode, network_header, read_body
-from api.transactions.openapi import CREATE_DOC, ID_DOC, list_responses, responses
+from api.transactions.openapi import (
+    CREATE_DESCRIPTION,
+    CREATE_DOC,
+    LIST_DOC,
+    TRANSACTION_ID_DESCRIPTION,
+    TRANSACTION_ID_EXAMPLE,
+    by_id_doc,
+    list_responses,
+    responses,
+)
 from api.transactions.outcome import IdempotencyStatus, Outcome, from_error
 
 log = structlog.get_logger("idempay.http")
 router = APIRouter(prefix="/v1/transactions", tags=["transactions"])
 
-KeyHeader = Annotated[str | None, Header(alias="Idempotency-Key")]
-AttemptHeader = Annotated[str | None, Header(alias="Idempotency-Attempt")]
-NetworkHeader = Annotated[str | None, Header(alias="POS-Network")]
+TransactionId = Annotated[
+    str,
+    Path(
+        description=TRANSACTION_ID_DESCRIPTION,
+        examples=[TRANSACTION_ID_EXAMPLE],
+        json_schema_extra={"format": "uuid"},
+    ),
+]
 
 
 class _Call:
@@ -91,7 +107,12 @@ class _Call:
             internal="Internal error; nothing was stored under the key. Retry with the same key.",
         )
         if isinstance(error, ServiceUnavailableError):
-            log.warning("storage_unavailable", endpoint=self.endpoint, error=type(exc).__name__)
+            log.warning(
+                "storage_unavailable",
+                endpoint=self.endpoint,
+                error=type(exc).__name__,
+                where=_where(exc),
+            )
         else:
             log.exception("internal_error", endpoint=self.endpoint)
         error.retry_after = True  # a retry with the same key is safe (contract §2)
@@ -155,15 +176,18 @@ async def _disconnected(request: Request, gone: asyncio.Event) -> None:
         gone.set()
 
 
-@router.post("", status_code=201, openapi_extra=CREATE_DOC, responses=responses("create"))
-async def create_transaction(
-    request: Request,
-    idempotency_key: KeyHeader = None,
-    idempotency_attempt: AttemptHeader = None,
-    pos_network: NetworkHeader = None,
-) -> Response:
-    """What OpenAPI documents; requests are served by ``handle_create`` through
-    ``CreateRoute`` (api/transactions/lean.py), which reads the same headers itself."""
+# What OpenAPI documents (its headers are CREATE_DOC's parameters): requests are served by
+# ``handle_create`` through ``CreateRoute`` (api/transactions/lean.py), which reads the
+# headers itself, so none is declared as a FastAPI parameter here.
+@router.post(
+    "",
+    status_code=201,
+    openapi_extra=CREATE_DOC,
+    responses=responses("create"),
+    summary="Process a payment",
+    description=CREATE_DESCRIPTION,
+)
+async def create_transaction(request: Request) -> Response:
     return await handle_create(request)
 
 
@@ -200,6 +224,7 @@ async def handle_create(request: Request) -> Response:
     response_model=listing.TransactionPage,
     responses=list_responses(),
     summary="List transactions",
+    openapi_extra=LIST_DOC,
 )
 async def list_transactions(
     request: Request,
@@ -221,10 +246,12 @@ async def list_transactions(
         str | None, Query(description="next_cursor of the previous page (opaque)")
     ] = None,
 ) -> Response:
-    """The caller's merchant's transactions created since ``since`` — one terminal's with
-    ``terminal_id`` — oldest first (created_at, then id), in pages of ``limit``; follow
-    ``next_cursor`` until it is null. Another merchant's transactions never appear. A bad
-    parameter is 422 ``validation_error``. Parameters are read by ``listing.parse``."""
+    """The caller's merchant's transactions created since `since` — one terminal's with
+    `terminal_id` — oldest first (created_at, then id), in pages of `limit`; follow
+    `next_cursor` until it is null. Another merchant's transactions never appear. A bad
+    parameter is 422 `validation_error`. A terminal that lost its journal reconciles from
+    here."""
+    # the parameters are read by ``listing.parse`` (the declared ones document them)
     call = _Call(request, "list")
 
     async def work() -> Outcome:
@@ -238,7 +265,7 @@ async def list_transactions(
 
 
 def _by_id(endpoint: str, action: Callable[..., Awaitable[Outcome]]) -> Any:
-    async def handler(request: Request, transaction_id: str) -> Response:
+    async def handler(request: Request, transaction_id: TransactionId) -> Response:
         call = _Call(request, endpoint)
 
         async def work() -> Outcome:
@@ -264,23 +291,46 @@ router.add_api_route(
     "/{transaction_id}",
     handle_lookup,
     methods=["GET"],
-    openapi_extra=ID_DOC,
+    openapi_extra=by_id_doc("lookupTransaction", prefer=True),
     responses=responses("lookup"),
     summary="Look up a key",
+    description="What happened to a key whose answer the terminal never got: 200 processed "
+    "(use this result, do not resend), 202 still in flight (look again after `Retry-After`), "
+    "404 nothing was processed (resending the same request with the same key is safe), 410 "
+    "fenced (never processed, and never will be).",
 )
 router.add_api_route(
     "/{transaction_id}/abort",
     _by_id("abort", resolution.abort),
     methods=["POST"],
-    openapi_extra=ID_DOC,
+    openapi_extra=by_id_doc("abortTransaction", prefer=True),
     responses=responses("abort"),
     summary="Fence an in-doubt key",
+    description="A definitive answer for a terminal that must give up: if nothing was "
+    "processed under the key, the key is fenced (`aborted`) and any later create with it is "
+    "410 `transaction_aborted`, never processed; if it was processed, nothing changes and the "
+    "answer is the transaction. Idempotent.",
 )
 router.add_api_route(
     "/{transaction_id}/reversal",
     _by_id("reversal", resolution.reverse),
     methods=["POST"],
-    openapi_extra=ID_DOC,
+    openapi_extra=by_id_doc("reverseTransaction", prefer=False),
     responses=responses("reversal"),
     summary="Reverse a transaction",
+    description="Undoes an approved transaction (and its ledger entries) exactly once, the "
+    "card-network answer to a customer charged who left without the goods. Idempotent: a "
+    "repeat answers the same reversed transaction. 422 `not_reversible` for a declined "
+    "transaction.",
 )
+
+
+def _where(exc: BaseException, depth: int = 4) -> str:
+    """The innermost ``api`` frames an error came through (``file:line function``, innermost
+    last): which write or read met the outage, for the operator reading the log."""
+    frames = [
+        f"{os.path.basename(frame.filename)}:{frame.lineno} {frame.name}"
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if f"{os.sep}api{os.sep}" in frame.filename
+    ]
+    return " > ".join(frames[-depth:])

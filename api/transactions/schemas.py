@@ -1,10 +1,14 @@
-"""Request and response bodies of ``/v1/transactions`` (contract §2)."""
+"""Request and response bodies of ``/v1/transactions`` (contract §2).
+
+The create body's bounds, patterns and choices come from ``sale_rules`` (generated from the
+terminal SDK's ``client_sdk/_sale_rules.py``, the one table both sides are built from: the
+SDK refuses offline exactly what this schema refuses online)."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -22,8 +26,10 @@ from pydantic import (
     model_validator,
 )
 
-METADATA_MAX_BYTES = 4096
-METADATA_MAX_DEPTH = 16  # nesting levels under ``metadata`` (an object directly in it is 2)
+from api.transactions.sale_rules import CREATE_BODY, METADATA_MAX_BYTES, METADATA_MAX_DEPTH
+
+_RULES: dict[str, Any] = CREATE_BODY["properties"]
+_CARD_RULES: dict[str, Any] = _RULES["card"]["properties"]
 
 
 def _depth(value: Any) -> int:
@@ -79,15 +85,41 @@ def _integer(minimum: int, maximum: int) -> WithJsonSchema:
     return WithJsonSchema({"type": "integer", "minimum": minimum, "maximum": maximum})
 
 
-TerminalId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$", examples=["T-0001"])]
+def _choices(name: str, literal: Any) -> None:
+    """A ``Literal`` spelled here (for the type checker) is exactly the rule's ``enum``."""
+    if list(get_args(literal)) != _RULES[name]["enum"]:
+        raise AssertionError(f"{name}: {get_args(literal)} is not the rule's {_RULES[name]}")
+
+
+TransactionType = Literal["purchase", "refund"]
+EntryMode = Literal["online", "offline"]
+_choices("type", TransactionType)
+_choices("entry_mode", EntryMode)
+
+TerminalId = Annotated[
+    StrictStr, Field(pattern=_RULES["terminal_id"]["pattern"], examples=["T-0001"])
+]
+_AMOUNT, _INSTALLMENTS = _RULES["amount"], _RULES["installments"]
+Amount = Annotated[
+    int,
+    BeforeValidator(_whole_number),
+    Field(ge=_AMOUNT["minimum"], le=_AMOUNT["maximum"]),
+    _integer(_AMOUNT["minimum"], _AMOUNT["maximum"]),
+]
+Installments = Annotated[
+    int,
+    BeforeValidator(_whole_number),
+    Field(ge=_INSTALLMENTS["minimum"], le=_INSTALLMENTS["maximum"]),
+    _integer(_INSTALLMENTS["minimum"], _INSTALLMENTS["maximum"]),
+]
 
 
 class CardIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    token: Annotated[StrictStr, Field(pattern=r"^tok_[A-Za-z0-9_]{1,124}$")]
-    last4: Annotated[StrictStr, Field(pattern=r"^[0-9]{4}$")]
-    brand: Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+    token: Annotated[StrictStr, Field(pattern=_CARD_RULES["token"]["pattern"])]
+    last4: Annotated[StrictStr, Field(pattern=_CARD_RULES["last4"]["pattern"])]
+    brand: Annotated[StrictStr, Field(pattern=_CARD_RULES["brand"]["pattern"])]
 
 
 class TransactionCreate(BaseModel):
@@ -96,20 +128,16 @@ class TransactionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     terminal_id: TerminalId
-    type: Literal["purchase", "refund"] = "purchase"
-    amount: Annotated[
-        int, BeforeValidator(_whole_number), Field(ge=1, le=10**12), _integer(1, 10**12)
-    ]
-    currency: Annotated[StrictStr, Field(pattern=r"^[A-Z]{3}$", examples=["BRL"])]
+    type: TransactionType = _RULES["type"]["default"]
+    amount: Amount
+    currency: Annotated[StrictStr, Field(pattern=_RULES["currency"]["pattern"], examples=["BRL"])]
     card: CardIn
-    installments: Annotated[
-        int, BeforeValidator(_whole_number), Field(ge=1, le=24), _integer(1, 24)
-    ] = 1
+    installments: Installments = _INSTALLMENTS["default"]
     captured_at: Timestamp | None = None
     expires_at: Timestamp | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
-    entry_mode: Literal["online", "offline"] = Field(
-        default="online",
+    entry_mode: EntryMode = Field(
+        default=_RULES["entry_mode"]["default"],
         description="offline: an advice — a payment the terminal accepted offline, forwarded "
         "later with its original captured_at (required); exempt from expires_at, not from "
         "the retention window (422 advice_too_old).",
@@ -167,7 +195,9 @@ class TransactionCreate(BaseModel):
             )
         size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
         if size > METADATA_MAX_BYTES:
-            raise ValueError(f"metadata is {size} bytes serialized; the limit is 4096")
+            raise ValueError(
+                f"metadata is {size} bytes serialized; the limit is {METADATA_MAX_BYTES}"
+            )
         return value
 
 

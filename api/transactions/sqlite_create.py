@@ -1,69 +1,58 @@
-"""The one-write create on the embedded SQLite: one writer thread with group commit.
+"""The embedded SQLite's hot-path storage: one writer thread with group commit, one reader.
 
-Requests put their rows on a queue; one thread with its own ``sqlite3`` connection (WAL,
-``synchronous=FULL``, as ``api/db.py`` sets up) takes everything queued (up to
-``MAX_BATCH``), runs ``BEGIN IMMEDIATE``, each create inside its own SAVEPOINT (the key
-insert decides; a failing statement rolls back that create only), one ``COMMIT`` — one
-fsync for the batch — and only then answers the batch. No answer before its commit is
-durable; a failed BEGIN or COMMIT answers the whole batch with the error (nothing of it was
-acknowledged, nothing of it stays).
+The writer thread, with its own ``sqlite3`` connection (WAL, ``synchronous=FULL``, as
+``api/db.py`` sets up), takes the request events' flushes queued (``write_events``, from
+``api.events.writer``; up to ``MAX_BATCH``), runs ``BEGIN IMMEDIATE``, each flush inside its
+own SAVEPOINT, one ``COMMIT`` — one fsync for the batch — and only then answers the batch. A
+failed BEGIN or COMMIT answers the whole batch with the error (nothing of it stays; the event
+writer puts the rows back). Claims and finishes (group-committed,
+``api/transactions/group_commit.py``), aborts, reversals and the completer write through
+SQLAlchemy's connections (``BEGIN IMMEDIATE``) and queue with this thread on the database
+lock (``busy_timeout``).
 
 Key reads go to a second thread with a read-only connection (``query_only``, autocommit):
-under WAL a reader sees the last commit and takes no lock, so replays and lookups no longer
-queue behind writers for ``BEGIN IMMEDIATE``. Request events' flushes (``write_events``) ride
-the writer's batches too, each in a savepoint of its own: one fsync for creates and events,
-instead of a flush holding the write lock for its own commit while creates wait. Other
-writers (claims, aborts, reversals, the completer) keep their ``BEGIN IMMEDIATE`` on
-SQLAlchemy's connections and queue with this thread on the database lock (``busy_timeout``).
+under WAL a reader sees the last commit and takes no lock, so replays and lookups never
+queue behind writers for ``BEGIN IMMEDIATE``.
+
+The WAL stays small under steady load, and a full disk is recovered from by itself
+(``WalKeeper``): between batches, once the WAL file is past ``WAL_RESTART_PAGES``, the writer
+runs a RESTART checkpoint (a short write pause the queue absorbs) so the next commit starts
+the WAL over and trims it back to that size; on a disk short of room the WAL is also kept
+under the room a checkpoint needs (and truncated, its blocks given back), and a write is
+refused (503, nothing written) while there is not room for the WAL's checkpoint; a reserve
+file (``RESERVE_BYTES`` next to the database) is given up when a checkpoint fails for want
+of space, so the checkpoint can finish; while no checkpoint can finish, writes are refused
+instead of letting the WAL take the space the checkpoint needs; the reserve is laid down
+again once the disk has room for it twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import queue
+import shutil
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from api.idempotency.store import KeyRecord
-from api.transactions.guard import DuplicateOf, Guard
+from api.storage_errors import StorageUnavailableError
 from api.transactions.inline import (
     KEY_WIDTH,
     READ_KEY_AND_TRANSACTION,
     TRANSACTION_COLUMNS,
-    InlineCreate,
-    StorageUnavailableError,
     StoredTransaction,
 )
 
 MAX_BATCH = 256
-_KEY = (
-    "INSERT INTO idempotency_key (merchant_id, key, state, fingerprint, lease_token, terminal_id,"
-    " response_status, response_body, created_at, updated_at)"
-    " VALUES (?, ?, 'completed', ?, 1, ?, 201, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
-_ISSUER = (
-    "INSERT INTO issuer_authorization (merchant_id, issuer_key, result, decline_reason,"
-    " authorization_code, amount, currency, calls, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)"
-)
-_TXN = (
-    'INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,'
-    " card_brand, card_fingerprint, installments, status, decline_reason, authorization_code,"
-    " captured_at, created_at, processed_at, metadata, offline)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_LEDGER = (
-    "INSERT INTO ledger_entry (entry_id, merchant_id, transaction_id, amount, currency, kind,"
-    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-_OUTBOX = (
-    "INSERT INTO outbox_event (event_id, merchant_id, type, transaction_id, payload, created_at)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
-)
 _READ_KEY = (
     "SELECT merchant_id, key, state, fingerprint, lease_token, lease_until, request,"
     " response_status, response_body, terminal_id, created_at, deadline_at"
@@ -73,40 +62,20 @@ _READ_TRANSACTION = (
     f'SELECT {TRANSACTION_COLUMNS} FROM "transaction" WHERE merchant_id = ? AND id = ?'
 )
 _READ_WITH_TRANSACTION = READ_KEY_AND_TRANSACTION.format(merchant="?", key="?")
-# The duplicate guard's check (api/transactions/guard.py): one probe of
-# ix_transaction_duplicate_guard, run by the writer inside the create's savepoint, so creates
-# racing for the same sale are judged one after the other (one writer, one write lock).
-_SUSPECT = (
-    'SELECT id FROM "transaction" WHERE merchant_id = ? AND terminal_id = ?'
-    " AND card_fingerprint = ? AND amount = ? AND created_at >= ? AND created_at <= ?"
-    " AND currency = ? AND type = 'purchase' AND status = 'approved' AND id <> ?"
-    " ORDER BY created_at DESC, id LIMIT 1"
-)
-_OVERRIDE = 'UPDATE "transaction" SET duplicate_override = 1 WHERE merchant_id = ? AND id = ?'
-# Request events (api/events/writer.py) ride the creates' commits: the same columns and
-# conflict rule as the writer's own insert, so a batch put back and retried lands once.
+# Request events (api/events/writer.py): the same columns and conflict rule as the event
+# writer's own insert, so a batch put back and retried lands once.
 _EVENTS = (
     "INSERT INTO request_event (event_id, ts, merchant_id, terminal_id, idempotency_key,"
     " endpoint, outcome, http_status, attempt, network, latency_ms)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (merchant_id, event_id) DO NOTHING"
 )
 _STOP = object()
-Statements = list[tuple[str, tuple[Any, ...]]]
-
-
-@dataclass(frozen=True, slots=True)
-class GuardedWork:
-    """A create of a merchant whose duplicate guard is on: its statements and the check."""
-
-    statements: Statements
-    probe: tuple[Any, ...]  # _SUSPECT's parameters
-    allow: bool  # the cashier confirmed: write it anyway (as an override)
 
 
 @dataclass(frozen=True, slots=True)
 class EventRows:
     """A flush of request events (``api.events.writer.COLUMNS`` order), written in the
-    writer's next batch: one transaction and one fsync with the creates queued beside it."""
+    writer's next batch: one transaction and one fsync with the flushes queued beside it."""
 
     rows: list[tuple[Any, ...]]
 
@@ -126,42 +95,55 @@ def _maybe(text: str | None) -> datetime | None:
     return None if text is None else _loaded(text)
 
 
-def statements(rows: InlineCreate) -> Statements:
-    """The key insert first (it decides), then the rest of the create."""
-    txn, event, created = rows.txn, rows.event, stored(rows.txn.created_at)
-    processed = stored(txn.processed_at)
-    out: Statements = [
-        (_KEY, (txn.merchant_id, txn.id, rows.fingerprint, txn.terminal_id,
-                rows.response_body, created, created)),
-        (_ISSUER, (txn.merchant_id, rows.issuer_key, txn.status, txn.decline_reason,
-                   txn.authorization_code, txn.amount, txn.currency, created)),
-        (_TXN, (txn.merchant_id, txn.id, txn.terminal_id, txn.type, txn.amount, txn.currency,
-                txn.card_last4, txn.card_brand, txn.card_fingerprint, txn.installments,
-                txn.status, txn.decline_reason, txn.authorization_code,
-                stored(txn.captured_at), created, processed, txn.metadata_json,
-                txn.offline)),
-    ]  # fmt: skip
-    if rows.ledger is not None:
-        ledger = rows.ledger
-        out.append((_LEDGER, (ledger["entry_id"], txn.merchant_id, txn.id, ledger["amount"],
-                              txn.currency, ledger["kind"], processed)))  # fmt: skip
-    out.append((_OUTBOX, (event["event_id"], txn.merchant_id, event["type"], txn.id,
-                          event["payload"], processed)))  # fmt: skip
-    return out
-
-
-# The writer's and the reader's page cache (KiB; SQLite's default is 2 MiB): the creates'
-# keys are random UUIDs, so every batch touches a leaf page per index all over each B-tree;
-# with 2 MiB those pages are read back from the OS for every batch once the tables outgrow
-# it (measured, 30,000 creates in: writer CPU per create 140 → 100 µs for the statements).
+# The writer's and the reader's page cache (KiB; SQLite's default is 2 MiB): keys are random
+# UUIDs, so reads and writes touch leaf pages all over each B-tree; with 2 MiB those pages
+# are read back from the OS again and again once the tables outgrow it.
 CACHE_KIB = 64 * 1024
 # WAL pages past which the writer itself checkpoints after a commit: a backstop only. The
 # checkpointer thread (``_Checkpointer``) copies the WAL back every CHECKPOINT_INTERVAL
 # seconds on its own connection (PASSIVE: never takes the write lock, never waits), so the
 # batch whose commit crossed SQLite's default 1,000 pages no longer carries a checkpoint —
-# the database file's writes and fsync — before its creates are answered.
+# the database file's writes and fsync — before its writes are answered.
 WAL_BACKSTOP_PAGES = 20_000
 CHECKPOINT_INTERVAL = 0.2
+# The WAL's bound (``WalKeeper``): past this many pages the writer restarts it between
+# batches (a RESTART checkpoint), and the commit after a restart trims the file back to this
+# size (``journal_size_limit``, set on every connection). A PASSIVE checkpoint cannot do it
+# under steady load: the writer appends while it copies, so the WAL never starts over.
+WAL_RESTART_PAGES = 1_000
+BUSY_TIMEOUT_MS = 30_000
+CHECKPOINT_WAIT_MS = 200  # a RESTART's wait for other writers and readers, at most
+CHECKPOINT_RETRY_S = 0.5  # after a RESTART that could not finish (a long reader): try again
+# Space set aside on the database's disk (a file next to it, ``<database>-reserve``) so a
+# checkpoint can always finish: given up when one fails for want of space, laid down again
+# when the disk has room for it twice. It covers a bounded WAL's worth of new database pages.
+RESERVE_BYTES = 8 * 1024 * 1024
+RESERVE_RETRY_S = 1.0
+FULL_RETRY_S = 0.1  # while the disk is full: a checkpoint tried at most this often
+# Room on the database's disk (its free bytes, the reserve counted) below which the WAL is
+# bounded by the room too, and truncated to nothing (a TRUNCATE checkpoint) instead of
+# restarted, so its blocks go back to the disk. A checkpoint grows the database file by at
+# most the WAL's size; the WAL is kept under the room less ``2 * WRITE_HEADROOM_BYTES``, and
+# a write is refused before it begins while the room is under the WAL plus
+# ``WRITE_HEADROOM_BYTES``: what the writes let through before the next check add to the
+# WAL (a create's transaction is tens of KiB; a few are let through at once).
+SHORT_ROOM_BYTES = 2 * RESERVE_BYTES
+WRITE_HEADROOM_BYTES = 1024 * 1024
+# More room a write that claims a new key must leave: on a filling disk new keys are refused
+# first, so the finishes and in-doubt settlements of the keys already claimed (whose 0200s
+# are out) still fit — an approved sale is recorded, not settled in doubt for want of space.
+NEW_KEY_HEADROOM_BYTES = 512 * 1024  # ~30 finishes of WAL between two checkpoints
+# Request events per writer batch while the room is short: a flush of 500 events adds
+# about 1.2 MB to the WAL (three B-tree pages touched per row); 16 rows stay well under
+# ``WRITE_HEADROOM_BYTES``.
+SHORT_EVENT_ROWS = 16
+SQLITE_FULL = 13
+_log = logging.getLogger("idempay.sqlite")
+
+
+def wal_limit_bytes(page_size: int = 4096) -> int:
+    """The WAL file's size at ``WAL_RESTART_PAGES`` (a 32-byte header, 24 bytes a frame)."""
+    return 32 + WAL_RESTART_PAGES * (page_size + 24)
 
 
 def connect(
@@ -170,14 +152,273 @@ def connect(
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
-    db.execute("PRAGMA busy_timeout=30000")
+    db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     db.execute("PRAGMA foreign_keys=ON")
     db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+    page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
+    db.execute(f"PRAGMA journal_size_limit={wal_limit_bytes(page_size)}")
     if autocheckpoint is not None:
         db.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint}")
     if read_only:
         db.execute("PRAGMA query_only=ON")
     return db
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def out_of_space(exc: BaseException | None) -> bool:
+    """SQLite's SQLITE_FULL: a write or a checkpoint found the disk full — or an error
+    raised while undoing one (SQLite may roll the whole transaction back on SQLITE_FULL, and
+    the savepoint's ROLLBACK TO then fails: the full disk is its context)."""
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        if getattr(exc, "sqlite_errorcode", None) == SQLITE_FULL or "disk is full" in str(exc):
+            return True
+        orig = getattr(exc, "orig", None)  # SQLAlchemy's wrapper of the driver's error
+        exc = orig if isinstance(orig, BaseException) else (exc.__cause__ or exc.__context__)
+    return False
+
+
+class _Reserve:
+    """``RESERVE_BYTES`` of real blocks (``posix_fallocate``) in a file next to the database:
+    space a checkpoint can have when nothing else is left."""
+
+    def __init__(self, path: str, size: int = RESERVE_BYTES) -> None:
+        self.path = path
+        self.size = size
+
+    @property
+    def held(self) -> bool:
+        try:
+            return os.stat(self.path).st_size >= self.size
+        except OSError:
+            return False
+
+    def lay_down(self) -> bool:
+        """The reserve in place; False when the disk has not room for it twice (taking the
+        last free space for it would only fail the next write)."""
+        if self.held:
+            return True
+        folder = os.path.dirname(self.path) or "."
+        try:
+            if shutil.disk_usage(folder).free < 2 * self.size:
+                return False
+        except OSError:
+            return False
+        scratch = f"{self.path}.{os.getpid()}.{threading.get_ident()}"
+        try:
+            fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(scratch, self.path)
+        except OSError:
+            with suppress(OSError):
+                os.unlink(scratch)
+            return False
+        return True
+
+    def release(self) -> bool:
+        """Give the space back to the disk; True when there was a reserve to give."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+Execute = Callable[[str], Any]  # runs one statement on a connection, returns its first row
+
+
+class WalKeeper:
+    """The WAL bound and the full disk, for every writer of one database file in this
+    process: the group-commit writer thread (between its batches) and SQLAlchemy's
+    connections (before each ``BEGIN IMMEDIATE``, ``api/db.py``). One per file
+    (``wal_keeper``).
+
+    Before a write: when the WAL file is past ``WAL_RESTART_PAGES`` (or the last write or
+    checkpoint found the disk full) the writer about to write runs
+    ``wal_checkpoint(RESTART)`` on its own connection first — it holds no transaction then,
+    so the checkpoint catches up, and the next commit starts the WAL over (and trims the
+    file to the bound). Most frames are already copied by the PASSIVE checkpointer, so the
+    pause is the rest and one fsync. A checkpoint that cannot finish for a reader or another
+    writer (``CHECKPOINT_WAIT_MS``) is tried again ``CHECKPOINT_RETRY_S`` later; one that met
+    another checkpoint at work (no wait), by the next writer; the write goes on either way.
+
+    A checkpoint must be able to grow the database file by what the WAL holds (at most the
+    WAL's size). So the WAL is also kept under the room on the disk (free bytes, the reserve
+    counted) less ``2 * WRITE_HEADROOM_BYTES``; while the room is under
+    ``SHORT_ROOM_BYTES`` the checkpoint is a TRUNCATE, which gives the WAL's blocks back to
+    the disk (a restarted WAL keeps its file), so the room goes to the database file and
+    the WAL never takes the space its own checkpoint needs; and a write is refused before
+    it begins (503, nothing written) while the room is under the WAL plus
+    ``WRITE_HEADROOM_BYTES``. It goes through again by itself once there is room.
+
+    A checkpoint that fails for want of space gives up the reserve and tries again at
+    once. While none can finish, every write is refused before it starts (503, nothing
+    written), so the space freed on the disk goes to the checkpoint, not to a WAL that only
+    grows; a checkpoint is tried again every ``FULL_RETRY_S``, and the first that finishes
+    lets writes through. The PASSIVE checkpointer lays the reserve down again once the disk
+    has room for it twice (``maintain``)."""
+
+    def __init__(self, path: str) -> None:
+        self.wal = f"{path}-wal"
+        self.folder = os.path.dirname(os.path.abspath(path))
+        self.reserve = _Reserve(f"{path}-reserve")
+        self.limit = wal_limit_bytes()
+        self.full = False
+        self.cramped = False  # writes refused: too little room for the WAL's checkpoint
+        self.restarts = 0  # RESTART (or TRUNCATE) checkpoints that finished
+        self.busy = 0  # RESTART checkpoints that could not finish (held by someone)
+        self.refused = 0  # writes refused before they started (the disk full)
+        self._next_checkpoint = 0.0
+        self._next_reserve = 0.0
+        self._lock = threading.Lock()  # one checkpoint decision at a time, never waited on
+
+    def wal_bytes(self) -> int:
+        return _size(self.wal)
+
+    def room(self) -> int:
+        """Free bytes on the database's disk, the reserve counted (a checkpoint gets it)."""
+        try:
+            free = shutil.disk_usage(self.folder).free
+        except OSError:
+            return 0
+        return free + (self.reserve.size if self.reserve.held else 0)
+
+    def short(self) -> bool:
+        """The disk has less room than ``SHORT_ROOM_BYTES``: writes are kept small."""
+        return self.room() < SHORT_ROOM_BYTES
+
+    def before_write(self, execute: Execute, *, new_key: bool = False) -> str | None:
+        """Called by a writer holding no transaction, just before it begins one: None, go
+        on; else why it must not write (nothing of it may be written). ``new_key``: the write
+        claims a new key, and must leave ``NEW_KEY_HEADROOM_BYTES`` more room."""
+        wal, room = self.wal_bytes(), self.room()
+        due = self.full or wal > self.limit or wal + 2 * WRITE_HEADROOM_BYTES > room
+        if due and time.monotonic() >= self._next_checkpoint and self._lock.acquire(False):
+            try:
+                self._checkpoint_now(execute, truncate=room < SHORT_ROOM_BYTES)
+            finally:
+                self._lock.release()
+            wal, room = self.wal_bytes(), self.room()
+        if self.full:
+            self.refused += 1
+            return "no room for a checkpoint on the database's disk: nothing was written"
+        if wal + WRITE_HEADROOM_BYTES > room:
+            if not self.cramped:
+                _log.warning("sqlite: the disk has no room for a checkpoint; writes are refused")
+            self.cramped = True
+            self.refused += 1
+            return "no room for a checkpoint on the database's disk: nothing was written"
+        if self.cramped:
+            _log.warning("sqlite: the disk has room for a checkpoint; writes go through again")
+            self.cramped = False
+        if new_key and wal + WRITE_HEADROOM_BYTES + NEW_KEY_HEADROOM_BYTES > room:
+            self.refused += 1
+            return "the database's disk is nearly full: no new key is taken, nothing was written"
+        return None
+
+    def saw(self, exc: BaseException | None) -> None:
+        """A write failed with ``exc``: a full disk starts the recovery."""
+        if not out_of_space(exc):
+            return
+        if not self.full:
+            _log.warning("sqlite: the disk is full; writes are refused until a checkpoint ends")
+        self.full = True
+        self._next_checkpoint = 0.0
+
+    def maintain(self) -> None:
+        """The reserve laid down again when it is missing and there is room (at most every
+        ``RESERVE_RETRY_S``); off the request path (the PASSIVE checkpointer's thread)."""
+        now = time.monotonic()
+        if self.full or now < self._next_reserve:
+            return
+        self._next_reserve = now + RESERVE_RETRY_S
+        if not self.reserve.held:
+            self.reserve.lay_down()
+
+    def _checkpoint_now(self, execute: Execute, *, truncate: bool = False) -> None:
+        now = time.monotonic()
+        outcome = self._checkpoint(execute, truncate)
+        if outcome == "full" and self.reserve.release():
+            _log.warning("sqlite: the disk is full; the reserve was given to the checkpoint")
+            outcome = self._checkpoint(execute, truncate=True)
+        if outcome == "full":
+            if not self.full:
+                _log.warning("sqlite: the disk is full; writes are refused until a checkpoint ends")
+            self.full = True
+            self._next_checkpoint = now + FULL_RETRY_S
+        elif outcome == "done":
+            if self.full:
+                _log.warning("sqlite: a checkpoint finished; writes go through again")
+            self.full = False
+            self.restarts += 1
+        else:  # someone held it: the write goes on (it tells whether the disk is still full)
+            self.full = False
+            self.busy += 1
+            if time.monotonic() - now > CHECKPOINT_WAIT_MS / 2000:  # a reader or writer
+                self._next_checkpoint = now + CHECKPOINT_RETRY_S  # (a long read): later
+
+    def _checkpoint(self, execute: Execute, truncate: bool = False) -> str:
+        """``done``, ``busy`` (someone held it), ``full`` or ``error``. ``truncate``: the
+        WAL file cut to nothing once it is copied back (its blocks back to the disk)."""
+        mode = "TRUNCATE" if truncate else "RESTART"
+        try:
+            execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+            try:
+                busy, _frames, _copied = execute(f"PRAGMA wal_checkpoint({mode})")
+            finally:
+                execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        except Exception as exc:
+            return "full" if out_of_space(exc) else "error"
+        return "busy" if busy else "done"
+
+
+_KEEPERS: dict[str, WalKeeper] = {}
+_KEEPERS_LOCK = threading.Lock()
+
+
+def wal_keeper(path: str) -> WalKeeper:
+    """The one ``WalKeeper`` of the database file at ``path`` in this process."""
+    key = os.path.realpath(path)
+    with _KEEPERS_LOCK:
+        keeper = _KEEPERS.get(key)
+        if keeper is None:
+            keeper = _KEEPERS[key] = WalKeeper(path)
+        return keeper
+
+
+class _WriterBatches:
+    """The writer thread's batches (request events), each after ``WalKeeper.before_write``."""
+
+    def __init__(self, path: str) -> None:
+        self.keeper = wal_keeper(path)
+
+    def open(self, path: str) -> sqlite3.Connection:
+        return connect(path, autocheckpoint=WAL_BACKSTOP_PAGES)
+
+    def run_batch(self, db: sqlite3.Connection, jobs: list[Any]) -> list[Any]:
+        refused = self.keeper.before_write(lambda sql: db.execute(sql).fetchone())
+        if refused is not None:
+            return [StorageUnavailableError(refused)] * len(jobs)
+        try:
+            results = _write_batch(db, jobs)
+        except sqlite3.Error as exc:
+            self.keeper.saw(exc)
+            raise
+        for result in results:
+            if isinstance(result, sqlite3.Error):
+                self.keeper.saw(result)
+        return results
 
 
 class _Checkpointer:
@@ -186,11 +427,12 @@ class _Checkpointer:
     fsyncs it, ``synchronous=FULL``) beside the writer instead of inside a batch's commit.
     Durability does not move: a commit is durable once its WAL frames are fsynced, before
     anyone is answered; a checkpoint only moves durable pages. A failing checkpoint is
-    tried again at the next tick (the writer's backstop, ``WAL_BACKSTOP_PAGES``, still
-    bounds the WAL)."""
+    tried again at the next tick. While the WAL file is past its bound the run is skipped:
+    the writer's RESTART checkpoint is due (``WalKeeper``), and copies what it can."""
 
     def __init__(self, path: str, interval: float = CHECKPOINT_INTERVAL) -> None:
         self._path = path
+        self._wal = f"{path}-wal"
         self._interval = interval
         self._stop = threading.Event()
         self.runs = 0
@@ -201,7 +443,12 @@ class _Checkpointer:
 
     def _loop(self) -> None:
         db: sqlite3.Connection | None = None
+        keeper = wal_keeper(self._path)
         while not self._stop.wait(self._interval):
+            keeper.maintain()
+            if _size(self._wal) > wal_limit_bytes():
+                continue  # the writer's RESTART is due: it copies what it can, and this run
+                # would only hold the checkpoint lock it needs (it would meet SQLITE_BUSY)
             try:
                 db = db or connect(self._path)
                 db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
@@ -214,40 +461,6 @@ class _Checkpointer:
     async def close(self) -> None:
         self._stop.set()
         await asyncio.to_thread(self._thread.join, 30)
-
-
-def _apply(db: sqlite3.Connection, work: Statements | GuardedWork) -> Any:
-    """One create inside its own savepoint: True written; else the existing key row (read
-    under the write lock, so it is the latest commit); or the error that undid it. With the
-    guard: after the key insert decided the key is new, the check — a suspect and no
-    override undoes the savepoint and answers ``DuplicateOf``."""
-    guard = None
-    if isinstance(work, GuardedWork):
-        guard, work = work, work.statements
-    db.execute("SAVEPOINT one_create")
-    try:
-        (key_sql, key_params), *rest = work
-        if db.execute(key_sql, key_params).rowcount != 1:
-            db.execute("RELEASE one_create")
-            return db.execute(_READ_KEY, key_params[:2]).fetchone()
-        suspect = None
-        if guard is not None:
-            found = db.execute(_SUSPECT, guard.probe).fetchone()
-            suspect = None if found is None else str(found[0])
-            if suspect is not None and not guard.allow:
-                db.execute("ROLLBACK TO one_create")
-                db.execute("RELEASE one_create")
-                return DuplicateOf(suspect)
-        for sql, params in rest:
-            db.execute(sql, params)
-        if suspect is not None:
-            db.execute(_OVERRIDE, key_params[:2])
-    except sqlite3.Error as exc:
-        db.execute("ROLLBACK TO one_create")
-        db.execute("RELEASE one_create")
-        return exc
-    db.execute("RELEASE one_create")
-    return True
 
 
 class _Worker:
@@ -329,7 +542,7 @@ def _resolve(answers: list[tuple[Any, Any]]) -> None:
 
 def _apply_events(db: sqlite3.Connection, work: EventRows) -> Any:
     """A flush of request events inside its own savepoint: True, or the error that undid
-    it (the creates beside it stand; the event writer puts its rows back)."""
+    it (the flushes beside it stand; the event writer puts its rows back)."""
     db.execute("SAVEPOINT events")
     try:
         db.executemany(_EVENTS, [(row[0], stored(row[1]), *row[2:]) for row in work.rows])
@@ -341,15 +554,10 @@ def _apply_events(db: sqlite3.Connection, work: EventRows) -> Any:
     return True
 
 
-def _write_batch(
-    db: sqlite3.Connection, jobs: list[Statements | GuardedWork | EventRows]
-) -> list[Any]:
+def _write_batch(db: sqlite3.Connection, jobs: list[EventRows]) -> list[Any]:
     db.execute("BEGIN IMMEDIATE")
     try:
-        results = [
-            _apply_events(db, work) if isinstance(work, EventRows) else _apply(db, work)
-            for work in jobs
-        ]
+        results = [_apply_events(db, work) for work in jobs]
         db.execute("COMMIT")  # synchronous=FULL: durable before anyone is answered
     except BaseException:
         if db.in_transaction:
@@ -365,44 +573,28 @@ def _read_batch(db: sqlite3.Connection, jobs: list[tuple[str, tuple[str, str]]])
 class SqliteInline:
     def __init__(self, path: str) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        batches = _WriterBatches(path)
+        self.wal = batches.keeper
         self.writer = _Worker(
-            "idempay-sqlite-writer",
-            lambda: connect(path, autocheckpoint=WAL_BACKSTOP_PAGES),
-            _write_batch,
+            "idempay-sqlite-writer", lambda: batches.open(path), batches.run_batch
         )
         self.reader = _Worker(
             "idempay-sqlite-reader", lambda: connect(path, read_only=True), _read_batch
         )
         self.checkpointer = _Checkpointer(path)
 
-    async def create(
-        self, rows: InlineCreate, guard: Guard | None = None
-    ) -> KeyRecord | bool | DuplicateOf:
-        plain = statements(rows)
-        work: Statements | GuardedWork = plain
-        if guard is not None:  # the duplicate guard's check, in the same write
-            txn = rows.txn
-            since, until = guard.bounds(txn.created_at)
-            probe = (txn.merchant_id, txn.terminal_id, guard.card_fingerprint, txn.amount,
-                     stored(since), stored(until), txn.currency, txn.id)  # fmt: skip
-            work = GuardedWork(plain, probe, guard.allow)
-        try:
-            result = await self.writer.submit(work)
-        except sqlite3.IntegrityError:  # e.g. an issuer record left by a purged tombstone's
-            return False  # void: the general path decides (and reports a real error)
-        except sqlite3.OperationalError as exc:  # disk full, I/O error, locked too long
-            raise StorageUnavailableError(str(exc)) from exc
-        if isinstance(result, DuplicateOf):
-            return result
-        return True if result is True else _record(result) or False
-
     async def write_events(self, rows: list[tuple[Any, ...]]) -> None:
         """Request events in the writer's next batch, answered once that batch's COMMIT is
-        durable. Raises what undid them (``StorageUnavailableError`` for a failed BEGIN or
-        COMMIT, the statement's error otherwise): nothing of them stays, the caller puts
-        them back."""
+        durable. While the disk is short of room (``WalKeeper.short``) they go in batches of
+        ``SHORT_EVENT_ROWS``, one after another, so no one write adds more to the WAL than
+        the room kept for it. Raises what undid a batch (``StorageUnavailableError`` for a
+        failed BEGIN or COMMIT, the statement's error otherwise): nothing of that batch or
+        the ones after it stays; the caller puts all the rows back, and the batches already
+        written land once when they are written again (``ON CONFLICT DO NOTHING``)."""
+        step = SHORT_EVENT_ROWS if self.wal.short() else max(1, len(rows))
         try:
-            await self.writer.submit(EventRows(rows))
+            for start in range(0, len(rows), step):
+                await self.writer.submit(EventRows(rows[start : start + step]))
         except sqlite3.OperationalError as exc:
             raise StorageUnavailableError(str(exc)) from exc
 

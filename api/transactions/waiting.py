@@ -34,7 +34,7 @@ from typing import Any
 
 from api.events.writer import RequestOutcome
 from api.idempotency.waiters import Waiters, WaitersFull
-from api.transactions.inline import StorageUnavailableError
+from api.storage_errors import StorageUnavailableError
 from api.transactions.outcome import IdempotencyStatus, Outcome
 
 IN_FLIGHT_EVENTS = frozenset({RequestOutcome.IN_PROGRESS, RequestOutcome.PROCESSING})

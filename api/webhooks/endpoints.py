@@ -20,6 +20,8 @@ from api.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from api.webhooks import destinations
+from api.webhooks.destinations import AllowList, Resolver
 
 
 class UnknownEndpointError(LookupError):
@@ -47,17 +49,40 @@ class DeadLetter:
 def check_url(url: str) -> str:
     """An absolute http(s) URL, or ValueError."""
     parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not one
+    except ValueError:
+        raise ValueError(f"expected an http(s) URL, got {url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"expected an http(s) URL, got {url!r}")
     return url
 
 
+async def check_destination(
+    url: str, allow: AllowList | None = None, resolver: Resolver | None = None
+) -> None:
+    """Refuse (RefusedDestinationError, a ValueError) a URL whose host is, or resolves to, an
+    address webhooks may not go to (``destinations``); ``allow`` defaults to the settings."""
+    parts = urlsplit(check_url(url))
+    host = (parts.hostname or "").rstrip(".")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    allow = allow if allow is not None else AllowList.from_settings()
+    await destinations.check_at_add(host, port, allow, resolver or destinations.system_resolver)
+
+
 async def add(
-    engine: AsyncEngine, merchant: str, url: str, *, secret: str | None = None
+    engine: AsyncEngine,
+    merchant: str,
+    url: str,
+    *,
+    secret: str | None = None,
+    allow: AllowList | None = None,
+    resolver: Resolver | None = None,
 ) -> tuple[Endpoint, str]:
     """Register ``url`` for the merchant named ``merchant``: it receives the events numbered
-    from now on (``replay`` sends older ones). Returns the endpoint and its signing secret."""
-    check_url(url)
+    from now on (``replay`` sends older ones). Returns the endpoint and its signing secret.
+    A destination not allowed (``check_destination``) is refused with a ValueError."""
+    await check_destination(url, allow, resolver)
     secret = secret or "whsec_" + secrets.token_urlsafe(32)
     now = utcnow()
     async with atomic(engine) as conn:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from api.headers import parse_non_negative_int
+
 HEADER = "Idempay-Signature"
 EVENT_ID_HEADER = "Idempay-Event-Id"
 TOLERANCE_SECONDS = 300
@@ -25,12 +27,15 @@ def signature_header(secret: str, body: bytes, *, timestamp: int) -> str:
 def verify(
     secret: str, header: str, body: bytes, *, now: int, tolerance: int = TOLERANCE_SECONDS
 ) -> bool:
-    """True when ``header`` signs ``body`` with ``secret`` within ``tolerance`` of ``now``."""
+    """True when ``header`` signs ``body`` with ``secret`` within ``tolerance`` of ``now``;
+    False for anything else — a garbled header included (``t`` not ASCII digits, a ``v1``
+    that is not ASCII), never an exception: a receiver answers it 401."""
     fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    timestamp = parse_non_negative_int(fields.get("t"))
+    if timestamp is None or abs(now - timestamp) > tolerance:
+        return False
     try:
-        timestamp = int(fields["t"])
-    except (KeyError, ValueError):
+        given = fields.get("v1", "").encode("ascii")
+    except UnicodeEncodeError:  # compare_digest raises TypeError on non-ASCII str
         return False
-    if abs(now - timestamp) > tolerance:
-        return False
-    return hmac.compare_digest(fields.get("v1", ""), _mac(secret, timestamp, body))
+    return hmac.compare_digest(given, _mac(secret, timestamp, body).encode())

@@ -15,12 +15,28 @@
 #   deploy/local/deploy_test.sh --if-possible   (`make test`) cannot run here (not root, no
 #       cgroups, apt cannot install docker.io, dockerd does not start) → one line saying why,
 #       exit 0; any failure once it runs still fails.
+# Beside another job (by hand; `make test` runs it after pytest — beside it, on 2 cores,
+# the stack missed its readiness bound), with IDEMPAY_DEPLOY_TEST_JOIN=1:
+#   deploy/local/deploy_test.sh --if-possible --start   the checks and step 1 in the
+#       foreground (so no apt-get runs beside pytest's), then steps 2-4 in the background,
+#       their output in var/deploy-test/background/log; returns at once;
+#   deploy/local/deploy_test.sh --if-possible           (IDEMPAY_DEPLOY_TEST_JOIN=1, a run
+#       started so) waits for that run, prints its output and exits with its status.
 # Output: var/deploy-test/ (this script, dockerd's log) and var/deploy-check/ (the stack's).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
-mode="${1:-}"
+mode="" start="" child=""
+for arg in "$@"; do
+  case "$arg" in
+    --if-possible) mode=--if-possible ;;
+    --start) start=1 ;;
+    --background-child) child=1 ;;  # internal: the run that --start leaves in the background
+    *) echo "deploy-test: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
 out="$root/var/deploy-test"
+bg="$out/background"  # the run beside pytest: pid, log, rc (written when it ends)
 dockerd_sh="$root/scripts/dockerd.sh"
 export IDEMPAY_DOCKER_LOG="$out/dockerd.log"
 export DOCKER_HOST="unix://${IDEMPAY_DOCKER_SOCK:-/run/idempay-docker.sock}"
@@ -28,24 +44,63 @@ export DOCKER_BUILDKIT=0
 
 not_run() {
   if [ "$mode" = --if-possible ]; then
+    if [ -n "$start" ] && mkdir -p "$bg" 2>/dev/null; then  # said once, at the join
+      echo "deploy-test: NOT RUN on this machine: $1" >"$bg/log"
+      echo 0 >"$bg/rc" && echo none >"$bg/pid"
+      exit 0
+    fi
     echo "deploy-test: NOT RUN on this machine: $1"; exit 0
   fi
   echo "deploy-test: cannot run here: $1" >&2; exit 1
 }
 
+# The join: wait for the run --start left in the background, then report it as if it had
+# run here. Its state goes once reported; its log stays (var/deploy-test/background.log).
+if [ "${IDEMPAY_DEPLOY_TEST_JOIN:-}" = 1 ] && [ -z "$start$child" ] && [ -s "$bg/pid" ]; then
+  runner="$(cat "$bg/pid")"
+  if [ "$runner" != none ] && [ ! -s "$bg/rc" ] && [ -d "/proc/$runner" ]; then
+    echo "deploy-test: waiting for the run started beside pytest (PID $runner)"
+    while [ ! -s "$bg/rc" ] && [ -d "/proc/$runner" ]; do sleep 2; done
+  fi
+  rc="$(cat "$bg/rc" 2>/dev/null || true)"
+  if [ "$runner" != none ]; then
+    echo "---- deploy-test, run beside pytest (var/deploy-test/background.log) ----"
+  fi
+  cat "$bg/log" 2>/dev/null || true
+  mv -f "$bg/log" "$out/background.log" 2>/dev/null || true
+  rm -rf "$bg"
+  if [ -z "$rc" ]; then
+    echo "deploy-test: FAILED: the run beside pytest (PID $runner) ended without a status" >&2
+    exit 1
+  fi
+  exit "$rc"
+fi
+
 begin=$SECONDS
 stamp() { printf '[deploy-test +%ss] %s\n' "$((SECONDS - begin))" "$*"; }
 
-reason="$("$dockerd_sh" check)" || not_run "$reason"
-mkdir -p "$out"
-if status="$("$dockerd_sh" status)"; then
-  echo "deploy-test: a private dockerd already runs ($status): another deploy-test, or one" \
-       "that was killed (scripts/dockerd.sh purge)" >&2
-  exit 1
+if [ -z "$child" ]; then
+  [ -z "$start" ] || rm -rf "$bg" "$out/background.log"
+  reason="$("$dockerd_sh" check)" || not_run "$reason"
+  mkdir -p "$out"
+  if status="$("$dockerd_sh" status)"; then
+    echo "deploy-test: a private dockerd already runs ($status): another deploy-test, or one" \
+         "that was killed (scripts/dockerd.sh purge)" >&2
+    exit 1
+  fi
+  stamp "installing what is missing (docker.io, debootstrap, docker-compose)"
+  "$dockerd_sh" install >"$out/install.log" 2>&1 \
+    || not_run "apt-get could not install the packages: $(tail -n1 "$out/install.log")"
 fi
-stamp "installing what is missing (docker.io, debootstrap, docker-compose)"
-"$dockerd_sh" install >"$out/install.log" 2>&1 \
-  || not_run "apt-get could not install the packages: $(tail -n1 "$out/install.log")"
+if [ -n "$start" ]; then
+  mkdir -p "$bg"
+  ( set +e
+    "$0" $mode --background-child </dev/null >"$bg/log" 2>&1
+    echo $? >"$bg/rc.new" && mv -f "$bg/rc.new" "$bg/rc" ) </dev/null >/dev/null 2>&1 &
+  echo $! >"$bg/pid"
+  echo "deploy-test: started beside pytest (PID $!); its output is printed when pytest is done"
+  exit 0
+fi
 
 pid=""
 cleanup() {

@@ -3,11 +3,24 @@
  *
  * One idempotency key (one merchant, one payload). A terminal runs the SDK's state machine
  * (journal, create, lookup, resend after 404, abort at the deadline, crash + recover())
- * against two API workers and a completer that share one database, and an issuer simulator
- * that honours the derived issuer key. The world misbehaves within bounds: the network
- * drops, duplicates, delays and reorders; any server actor can die between two SQL
- * statements; the terminal can die and reboot; a lease holder can stall past its lease;
- * issuer calls can time out (recorded by the issuer or not).
+ * against two API workers and a completer that share one database. A create claims the
+ * key (durable, lease token 1) and writes ONE 0200 to the acquirer link, never resent:
+ * answered → the guarded finish; no answer within the acquirer timeout, or the connection
+ * broken after the write → the key settles declined / acquirer_timeout with its reversal
+ * advice queued in the same commit; provably never sent → the claim is dropped (503), or,
+ * once the create has answered 202, settled in doubt like a timeout. The create answers
+ * 202 once the answer time has passed; the work goes on. The completer settles an expired
+ * lease in doubt (never a second 0200); an abort past the claim's answer time takes the
+ * lease, fences the key and queues the advice in one commit. The acquirer is a ghost: the
+ * 0200's fate there (approved, or lost on its way) is recorded when it is written; the
+ * acquirer boundary itself (a lossy network, the advice worker, REVERSED_FIRST) is
+ * acquirer.pml's. -DOFFLINE: a stored sale forwarded as an advice, sent as a 0220 and
+ * repeated (0221) by the completer until the acquirer answers.
+ *
+ * The world misbehaves within bounds: the network drops, duplicates, delays and reorders;
+ * any server actor can die between two steps; the terminal can die and reboot; a lease
+ * holder can stall past its lease; the acquirer link can fail (a 0200 that never left, one
+ * lost on its way, an answer that never comes back).
  *
  * Each SQL statement -- or each committed transaction, where the code groups statements in
  * one `async with atomic(...)` block -- is one atomic step: nothing interleaves with it, and a
@@ -15,25 +28,25 @@
  * README.md maps every step to the function and the statement it stands for.
  *
  * Properties (ltl blocks at the end; scripts/verify.sh checks each one):
- *   a  the issuer authorizes the key at most once
+ *   a  at most one 0200 per key leaves idempay (contract §2.9, §3.8)
  *   b  the key never has both a transaction and a tombstone
  *   c  a payment the terminal reports approved/declined exists exactly once, with that
  *      status; one it reports aborted never exists
  *   d  the journal entry ends definitive and the key leaves `processing` (liveness,
  *      weak fairness; the bounded faults are eventually spent)
  *   e  a stale worker (its lease token taken over) never commits
- *   f  the issuer agrees with the ledger: no approved transaction on a voided
- *      authorization, no aborted key on a live authorization (this model found f broken
- *      in the code before 821217e; README.md, "Differences between model and code")
+ *   f  once the key is settled, an approval at the acquirer that no queued reversal advice
+ *      undoes stands iff the key has an approved transaction (a queued advice counts as
+ *      applied: its delivery over the lossy link is acquirer.pml's m and n)
  *   g  a payment the terminal reports rejected (a create attempt's 408/401/413/proxy 4xx)
- *      was never processed and is not being processed (issue 14)
+ *      was never processed and is not being processed
  *   h  recover() never sells: a payment whose terminal died before sending it (the cashier
- *      ran the sale again) is never charged (issue 24)
+ *      ran the sale again) is never charged
  *   i  -DRETENTION: a fenced key is never processed later, even after the purge of its
- *      tombstone; the server's clock, the request's timestamp, clock_skew (issue 14)
+ *      tombstone; the server's clock, the request's timestamp, clock_skew
  *   j  -DTWO_DRIVERS: every driver of the key (the terminal, and a second Client running
- *      recover() on the same journal) reports what the ledger says (issue 24)
- *   k  -DOFFLINE: store and forward stays exactly once (issue 16): a payment the terminal
+ *      recover() on the same journal) reports what the ledger says
+ *   k  -DOFFLINE: store and forward stays exactly once: a payment the terminal
  *      sold offline is never aborted by it and never fenced as expired; forwarded (same
  *      key, an advice), its journal entry ends with what the ledger says -- RESOLVED with
  *      the one transaction, or REPORTED with none
@@ -42,9 +55,12 @@
  *   -DMUTANT_NO_LEASE_TOKEN     the final write is guarded by the state, not the lease token
  *   -DMUTANT_404_GIVES_UP       SDK: a lookup 404 ends the payment as not processed, no abort
  *   -DMUTANT_CHECK_THEN_INSERT  store.fence reads, then inserts blindly in a later statement
- *   -DMUTANT_FRESH_ISSUER_KEY   a new issuer key per attempt instead of one derived from the key
+ *   -DMUTANT_REDRIVE            a take-over sends the key's 0200 again instead of settling it
+ *                               in doubt (the re-drive of the in-process issuer)
  *   -DMUTANT_NO_RECOVER         SDK: an entry left in doubt is never recovered (liveness)
- *   -DMUTANT_VOID_BEFORE_FENCE  the code before 821217e: void in its own commit, then fence
+ *   -DMUTANT_FENCE_WITHOUT_ADVICE  an abort's fence queues no reversal advice
+ *   -DMUTANT_RELEASE_IN_DOUBT   a 0200 written but unanswered is released like one never
+ *                               sent (claim dropped, 503)
  *   -DMUTANT_REJECT_IS_OUTCOME  SDK: a later attempt's rejection ends the payment (pre-fix)
  *   -DMUTANT_RECOVER_RESENDS    SDK: recover() looks a never-sent entry up and sends it on 404
  *   -DMUTANT_PURGE_AT_RETENTION purge tombstones at the retention, without the tolerance
@@ -67,24 +83,23 @@
 #ifndef PAUSES
 #define PAUSES 1          /* a live lease holder stalls until its lease has run out */
 #endif
-#ifndef ISSUER_FAULTS
-#define ISSUER_FAULTS 1   /* issuer calls that time out (recorded by the issuer or not) */
+#ifndef ACQ_FAULTS
+#define ACQ_FAULTS 1      /* acquirer-link failures: a 0200 (0220) that never left (no
+                             connection), one lost on its way, an answer lost or late */
 #endif
 #ifndef REJECTS
 #define REJECTS 0         /* create attempts refused before processing (408/401/413/proxy
-                             4xx): issue 14. 0 by default: the checks that want them say so */
+                             4xx). 0 by default: the checks that want them say so */
 #endif
 /* The budgets above are the defaults; the environment variables PML_NET_FAULTS,
-   PML_CRASHES, PML_T_CRASHES, PML_PAUSES, PML_ISSUER_FAULTS and PML_REJECTS override them when pan
-   starts (configure(), below), so that one compiled pan serves every bound
+   PML_CRASHES, PML_T_CRASHES, PML_PAUSES, PML_ACQ_FAULTS and PML_REJECTS override them when
+   pan starts (configure(), below), so that one compiled pan serves every bound
    (scripts/verify.sh). spin's simulator does not run that C code: replay a trail with the
    -D values it was found with, and no environment.
-   -DISSUER_DOWN: tok_issuer_down, the issuer never answers (and the slow path only). */
+   -DACQUIRER_DOWN: tok_issuer_down, the acquirer records every 0200 and never answers. */
 #define NQ     2          /* requests on the wire */
 #define NEP    4          /* connection ids the terminal cycles through */
 #define MAXTOK 16         /* lease tokens: asserted, never reached */
-#define DEADLINE_TOK 5    /* by the 5th take-over, deadline_at has surely passed: each
-                             re-drive costs at least IDEMPAY_ISSUER_TIMEOUT */
 
 /* -DNO_EXPIRY: no create is ever too late (the SDK's send_expires_at=False, captured_at
    recent): a subset of the runs, used to aim MUTANT_CHECK_THEN_INSERT at abort's fence */
@@ -102,7 +117,8 @@
 #define ST_APPROVED 1
 #define ST_DECLINED 2
 
-#define R_NONE       0  /* no reply: timeout, reset, connect error */
+#define R_NONE       0  /* no reply: timeout, reset, connect error; also a 503 (in doubt
+                           for the SDK, like a lost answer: contract §4's table) */
 #define R_APPROVED   1  /* 200/201 (or the replay) with the transaction, approved */
 #define R_DECLINED   2  /*   ... declined */
 #define R_PROCESSING 3  /* 202 */
@@ -121,10 +137,11 @@
 #define R_TOO_OLD   12  /* 422 advice_too_old: an advice older than the retention window,
                            nothing stored -- OFFLINE with RETENTION */
 
-/* issuer_authorization row, per issuer key */
-#define I_NONE 0
-#define I_AUTH 1
-#define I_VOID 2
+/* the acquirer's authorization for the key's RRN (the same values as transaction.status:
+   a 0210 carries it) */
+#define AU_NONE 0         /* no decision: no 0200 arrived (or tok_issuer_down) */
+#define AU_APPR 1         /* approved (response code 00) */
+#define AU_DECL 2         /* declined: only REVERSED_FIRST here (a 0200 after its advice) */
 
 /* journal_entry.state */
 #define J_NONE     0
@@ -144,19 +161,11 @@
 
 /* where a server actor goes after a step */
 #define N_DONE   0
-#define N_DRIVE  1
-#define N_SETTLE 2
-#define N_ABORT  3
-#define N_FENCE  4
-#define N_LATE_VOID 5
-
-#ifdef MUTANT_FRESH_ISSUER_KEY
-#define IKEY(t) (t)       /* a new issuer key per attempt */
-#define NIKEY   (MAXTOK + 1)
-#else
-#define IKEY(t) 0         /* derive_issuer_key(secret, merchant, key): one per key */
-#define NIKEY   1
-#endif
+#define N_SEND   1        /* write the 0200 (0220, 0221) and wait for its answer */
+#define N_SETTLE 2        /* settle in doubt (the completer, a create's retry) */
+#define N_ABORT  3        /* the abort's fence, after its take-over */
+#define N_FENCE  4        /* MUTANT_CHECK_THEN_INSERT: the blind tombstone write */
+#define N_NEVER  5        /* the 0200 provably never left (NeverSent) */
 
 #define OWNED(t) (k_state == PROC && k_tok == (t))
 #ifdef MUTANT_NO_LEASE_TOKEN
@@ -171,14 +180,23 @@ mtype = { CREATE, LOOKUP, ABORT, ADVICE };   /* ADVICE: a create with entry_mode
 byte k_state = NOKEY;     /* idempotency_key row:  state */
 byte k_tok = 0;           /*   lease_token */
 bool k_live = 0;          /*   lease_until > now */
-bool past = 0;            /*   now >= deadline_at (claim + IDEMPAY_ISSUER_DEADLINE) */
-bool claim_old = 0;       /*   now >= created_at + IDEMPAY_ISSUER_TIMEOUT + 0.5 s */
+bool claim_old = 0;       /*   now >= created_at + IDEMPAY_ANSWER_WITHIN + 0.5 s */
 byte t_count = 0;         /* transaction rows (one charge ledger entry each) for the key */
 byte t_status = ST_NONE;  /*   transaction.status */
-byte i_state[NIKEY];      /* issuer_authorization, by issuer key */
-byte i_auths = 0;         /* ghost: fresh authorizations the issuer made for this payment */
+bool adv = 0;             /* acquirer_advice: a reversal advice (0420) queued for the key;
+                             counted as applied by the acquirer (f; acquirer.pml's n is its
+                             delivery) */
 byte stale_commits = 0;   /* ghost: commits by an actor whose token was no longer current */
-bool inline_path;         /* issuer.answers_inline(card token): fixed by the payload */
+#ifdef OFFLINE
+bool k_adv = 0;           /*   request: the key holds an offline sale (entry_mode offline) */
+#define KADV k_adv
+#else
+#define KADV 0
+#endif
+
+/* ======================================================================== the acquirer (ghost) */
+byte a_sent = 0;          /* ghost: 0200s written to the acquirer link for the key (a) */
+byte a_auth = AU_NONE;    /* ghost: the acquirer's decision for the key's RRN */
 
 /* ======================================================================== the terminal */
 byte j_state = J_NONE;    /* the durable journal entry */
@@ -189,7 +207,7 @@ bool unsent_at_boot = 0;  /* ghost: the terminal died before its first send (jou
                              PENDING), so the cashier, who saw it die, ran the sale again
                              under a new key: this payment must never be charged (h) */
 
-/* ======================================================================== retention (issue 14) */
+/* ======================================================================== retention */
 /* -DRETENTION: the server's clock, the request's timestamp and the tombstone purge.
    Time in units of the clock-skew tolerance: TOL = 1, retention RET = 2 (the ratio does not
    matter, only the order of the bounds; README.md, "Retention"). The payment starts at
@@ -213,7 +231,7 @@ bool purged = 0;          /* ghost: a tombstone of the key was purged */
 #define TOMB_AT skip
 #endif
 
-/* ======================================================================== two drivers (issue 24) */
+/* ======================================================================== two drivers */
 /* -DTWO_DRIVERS: a second Client (another thread or process) on the same journal runs
    recover() while the terminal drives the payment. j_owner is the journal lease of the fix
    (contract §4: one driver per key across clients and processes); under
@@ -233,7 +251,7 @@ byte j_stalls = J_STALLS;
 #endif
 #endif
 
-/* ======================================================================== offline (issue 16) */
+/* ======================================================================== offline */
 /* -DOFFLINE: the terminal sells under an offline policy (contract §4.12). A sale whose
    attempts all failed to connect (the model's connect error: nothing went on the wire) may
    be accepted offline -- journal STORED, the SDK returns approved-offline -- or refused by
@@ -256,10 +274,11 @@ byte net_faults = NET_FAULTS;
 byte crashes = CRASHES;
 byte t_crashes = T_CRASHES;
 byte pauses = PAUSES;
-byte iss_faults = ISSUER_FAULTS;
+byte acq_faults = ACQ_FAULTS;
 byte rejects = REJECTS;
 bool crash[3];            /* set by Chaos: that actor dies before its next step */
-bool busy[3];             /* the actor is handling a request (or, the completer, a key) */
+bool busy[3];             /* the actor is handling a request or its work (or, the
+                             completer, a key) */
 bool t_crash;
 
 c_decl {
@@ -286,25 +305,9 @@ inline configure() {
     now.crashes = pml_budget("PML_CRASHES", now.crashes);
     now.t_crashes = pml_budget("PML_T_CRASHES", now.t_crashes);
     now.pauses = pml_budget("PML_PAUSES", now.pauses);
-    now.iss_faults = pml_budget("PML_ISSUER_FAULTS", now.iss_faults);
+    now.acq_faults = pml_budget("PML_ACQ_FAULTS", now.acq_faults);
     now.rejects = pml_budget("PML_REJECTS", now.rejects);
   }
-}
-
-/* ======================================================================== the issuer */
-/* SimulatedIssuer._record: INSERT … ON CONFLICT DO NOTHING under the issuer key, else the
-   recorded answer -- a voided record answers result != "approved", i.e. declined */
-inline issuer_record(ik, answer) {
-  if
-  :: i_state[ik] == I_NONE -> i_state[ik] = I_AUTH; i_auths++; answer = ST_APPROVED
-  :: i_state[ik] == I_AUTH -> answer = ST_APPROVED
-  :: i_state[ik] == I_VOID -> answer = ST_DECLINED
-  fi
-}
-
-/* SimulatedIssuer.void: insert a voided record, or void the recorded one (idempotent) */
-inline issuer_void(ik) {
-  i_state[ik] = I_VOID
 }
 
 /* ======================================================================== server actors */
@@ -318,85 +321,144 @@ inline stale_check(t) {
   fi
 }
 
-/* The HTTP response, and the end of the request (the completer has no client). */
-inline respond() {
+/* The HTTP answer to the request, once: delivered if the terminal still waits on that
+   connection, else lost. The completer has no client. A create that answered 202 goes on
+   with its work (busy) and answers nothing more. */
+inline reply() {
   if
-  :: !completer ->
+  :: !completer && !answered ->
        if
        :: ep == t_cur && mbox == R_NONE -> mbox = code
        :: else                            /* that connection is closed: the answer is lost */
        fi;
-       inuse[ep]--
+       inuse[ep]--; answered = 1
   :: else
-  fi;
-  busy[me] = 0; ep = 0; code = 0; tok = 0; ans = 0; nxt = 0; top = 0
+  fi
 }
 
-/* store.take_over: UPDATE … SET lease_token = seen + 1, lease_until = now + lease
-   WHERE state = 'processing' AND lease_token = seen -- merged with the read that saw the
-   expired lease (README.md, "Abstractions": a failed compare-and-set has no effect) */
+/* The answer, and the end of the request's work. */
+inline respond() {
+  reply();
+  busy[me] = 0; ep = 0; code = 0; tok = 0; ans = 0; nxt = 0; top = 0; answered = 0
+}
+
+/* recovery.take_over -> store.take_over: UPDATE … SET lease_token = seen + 1, lease_until =
+   now + lease WHERE state = 'processing' AND lease_token = seen -- merged with the read that
+   saw the expired lease (README.md, "Abstractions": a failed compare-and-set has no
+   effect) */
 inline take_over() {
   k_tok++; k_live = 1; tok = k_tok;
   assert(k_tok < MAXTOK)
 }
 
-/* settle() reads now >= deadline_at. The deadline passes (once, for good) at any moment
-   while the key is processing; only take-overs read it, so it is decided by the first
-   take-over that looks at it (README.md, "Abstractions"). */
-inline deadline_then(settle_nxt, drive_nxt) {
-  if
-  :: past -> nxt = settle_nxt
-  :: !past -> past = 1; claim_old = 1; nxt = settle_nxt
-  :: !past && k_tok < DEADLINE_TOK -> nxt = drive_nxt
-  fi
-}
-
-/* service.fence_owned: one transaction -- store.fence_owned (UPDATE … SET state =
-   'aborted' WHERE state = 'processing' AND lease_token = mine) and, only if it won,
-   issuer.void(conn=) enlisted, + outbox. Fence and void commit together or not at all. */
-inline fence_owned() {
-  if
-  :: OWNED(tok) ->
-       stale_check(tok); k_state = ABRT; k_live = 0; TOMB_AT;
-#ifndef MUTANT_VOID_BEFORE_FENCE
-       issuer_void(IKEY(tok))
+/* recovery.recover: take over an expired lease, then settle it in doubt -- never a second
+   0200; an offline sale's 0220 is repeated (0221) instead. MUTANT_REDRIVE: the take-over
+   drives the key again, a second 0200 (the in-process issuer's re-drive). */
+inline recover() {
+  take_over();
+#ifdef MUTANT_REDRIVE
+  nxt = N_SEND
 #else
-       skip
+  if
+  :: KADV -> nxt = N_SEND
+  :: else -> nxt = N_SETTLE
+  fi
 #endif
-  :: else
-  fi;
-  tok = 0; nxt = 0
 }
 
-/* existing(record) on the row as it is now: answer from it, or take an abandoned key over
-   (_recover_inline) and go on to settle() or drive() */
+/* existing(record) on the row as it is now: answer from it, or recover a key whose lease
+   ran out (its owner vanished) */
 inline existing() {
   if
   :: k_state == ABRT || k_state == EXPD -> code = R_FENCED; respond()
   :: k_state == DONE -> code = t_status; respond()   /* replay the stored response */
   :: k_state == PROC && k_live -> code = R_BUSY; respond()
-  :: k_state == PROC && !k_live ->
-       take_over();
-       deadline_then(N_SETTLE, N_DRIVE)   /* settle(): now >= deadline_at? */
+  :: k_state == PROC && !k_live -> recover()
 #ifndef RETENTION
   :: k_state == NOKEY -> assert(false)   /* "claimed key vanished" */
 #else
-  /* _must_read: RuntimeError("claimed key vanished") → 500: a worker that held the key
+  /* must_read: RuntimeError("claimed key vanished") → 500: a worker that held the key
      stalled past the purge of its tombstone (retention + tolerance later) */
   :: k_state == NOKEY -> code = R_NONE; respond()
 #endif
   fi
 }
 
+/* service.answer_after_lost_lease: our guarded write found 0 rows (someone took the key
+   over meanwhile): read the row; processing → 202 (its new owner settles it), else
+   existing(record). The read is merged with the refused write (README.md, "Abstractions"). */
+inline lost_lease() {
+  tok = 0;
+  if
+  :: k_state == PROC -> code = R_PROCESSING; respond()
+  :: else -> existing()
+  fi
+}
+
+/* _write_ending -> service.finish -> store.complete WHERE lease_token = mine, the
+   transaction, its ledger entry and outbox event: one COMMIT; 0 rows → lost_lease() */
+inline finish() {
+  if
+  :: COMPLETE_GUARD(tok) ->
+       stale_check(tok);
+       k_state = DONE; k_live = 0; t_count++; t_status = ans;
+       code = ans; respond()
+  :: else -> lost_lease()
+  fi
+}
+
+/* acquire.settle_in_doubt -> _write_ending: store.complete (the same guarded UPDATE), the
+   declined / acquirer_timeout transaction and advice.queue (the 0420): ONE COMMIT */
+inline settle_in_doubt() {
+  if
+  :: COMPLETE_GUARD(tok) ->
+       stale_check(tok);
+       k_state = DONE; k_live = 0; t_count++; t_status = ST_DECLINED; adv = 1;
+       code = ST_DECLINED; respond()
+  :: else -> lost_lease()
+  fi
+}
+
+/* acquire._release -> store.forget: DELETE … WHERE state = 'processing' AND lease_token =
+   mine; 503 (nothing was processed); 0 rows → lost_lease() */
+inline release() {
+  if
+  :: OWNED(tok) ->
+       stale_check(tok);
+       k_state = NOKEY; k_tok = 0; k_live = 0; claim_old = 0;
+       code = R_NONE; respond()          /* 503: in doubt for the SDK, like a lost answer */
+  :: else -> lost_lease()
+  fi
+}
+
+/* acquire._hand_over (an offline sale's 0220 unanswered) -> store.release: UPDATE … SET
+   lease_until = now WHERE state = 'processing' AND lease_token = mine; then 202: the
+   completer repeats the advice */
+inline hand_over() {
+  if
+  :: OWNED(tok) -> stale_check(tok); k_live = 0
+  :: else
+  fi;
+  code = R_PROCESSING; respond()
+}
+
+/* the in-doubt ending: a sale settles declined + advice; an offline sale is handed over */
+inline in_doubt() {
+  if
+  :: KADV -> hand_over()
+  :: else -> settle_in_doubt()
+  fi
+}
+
 /* POST /v1/transactions → service.create: its first transaction (store.get, then the
-   claim, the inline transaction or the expired fence), or existing(record) */
+   claim or the expired fence), or existing(record) */
 inline create_request() {
     if
 #ifdef RETENTION
-    /* service._too_late / the clock_skew check, on the server's clock (contract §3.5): a
-       timestamp older than the retention is too late (fenced as expired, below; an advice:
-       422 advice_too_old, nothing stored); one further ahead than the tolerance is
-       refused, 422 clock_skew, nothing stored */
+    /* service._too_late / _clock_skew, on the server's clock (contract §3.5): a timestamp
+       older than the retention is too late (fenced as expired, below; an advice: 422
+       advice_too_old, nothing stored); one further ahead than the tolerance is refused,
+       422 clock_skew, nothing stored */
     :: k_state == NOKEY && t_stamp + RET < clk && kind == ADVICE ->
          code = R_TOO_OLD; respond()
     :: k_state == NOKEY && t_stamp + RET < clk && kind != ADVICE ->
@@ -413,7 +475,7 @@ inline create_request() {
 #endif
          if
 #ifndef NO_EXPIRY
-         :: kind != ADVICE ->         /* an advice is exempt from expires_at (issue 16) */
+         :: kind != ADVICE ->         /* an advice is exempt from expires_at */
               /* _too_late(body, key, now): now >= expires_at, or captured_at / the UUIDv7
                  key older than the tombstone window. The server's clock is not the
                  terminal's (expires_at comes from the SDK's clock), so the model lets any
@@ -427,18 +489,15 @@ inline create_request() {
               k_state = EXPD; TOMB_AT; code = R_FENCED; respond()
 #endif
 #endif
-         :: inline_path ->            /* not too late; issuer.answers_inline(token) */
-              /* _process_inline: issuer.authorize(conn=) enlisted,
-                 store.insert_completed, repository.insert_transaction, outbox:
-                 one COMMIT (a lost insert race rolls all of it back) */
-              issuer_record(IKEY(1), ans);
-              k_state = DONE; k_tok = 1; t_count++; t_status = ans;
-              code = ans; respond()
-         :: !inline_path ->           /* not too late; a slow issuer */
-              /* _claim → store.claim: INSERT (state = 'processing', lease_token = 1,
-                 lease_until, deadline_at) ON CONFLICT DO NOTHING; COMMIT */
-              k_state = PROC; k_tok = 1; k_live = 1; tok = 1;
-              nxt = N_DRIVE
+         :: true ->                   /* not too late */
+              /* _claim_and_drive → _claim → store.claim: INSERT (state = 'processing',
+                 lease_token = 1, lease_until = now + acquirer timeout + lease)
+                 ON CONFLICT DO NOTHING; COMMIT */
+              k_state = PROC; k_tok = 1; k_live = 1; tok = 1; claim_old = 0;
+#ifdef OFFLINE
+              k_adv = (kind == ADVICE);
+#endif
+              nxt = N_SEND
          fi
     :: else -> existing()            /* the row is there: existing(record) */
     fi
@@ -457,12 +516,14 @@ inline abort_request() {
 #endif
     :: k_state == DONE -> code = t_status; respond()      /* _abort_existing */
     :: k_state == ABRT || k_state == EXPD -> code = R_FENCED; respond()
-    /* _abort_may_take_over: an expired lease, or a claim older than the issuer timeout
-       (the key is the server's own by then) -- else 409 */
-    :: k_state == PROC && (!k_live || claim_old) -> take_over(); nxt = N_ABORT
-    :: k_state == PROC && k_live && !claim_old ->
-         claim_old = 1; take_over(); nxt = N_ABORT   /* the issuer timeout has passed now */
-    :: k_state == PROC && k_live && !claim_old -> code = R_BUSY; respond()
+    /* _abort_may_take_over: never for an offline sale (a client's abort); else an expired
+       lease, or a claim older than the answer time (the key is the server's own by then:
+       answered 202, still at the acquirer, or abandoned) -- else 409 */
+    :: k_state == PROC && KADV -> code = R_BUSY; respond()
+    :: k_state == PROC && !KADV && (!k_live || claim_old) -> take_over(); nxt = N_ABORT
+    :: k_state == PROC && !KADV && k_live && !claim_old ->
+         claim_old = 1; take_over(); nxt = N_ABORT   /* the answer time has passed now */
+    :: k_state == PROC && !KADV && k_live && !claim_old -> code = R_BUSY; respond()
     fi
 }
 
@@ -470,7 +531,7 @@ active [3] proctype Server()
 {
   mtype kind = CREATE;
   byte ep, code, tok, ans, nxt;
-  bool top;
+  bool top, answered;
 
 end_idle:
   do
@@ -488,115 +549,122 @@ end_request:
               :: kind == ABORT  -> kind = CREATE; abort_request()
               fi
             }
-            goto next
        :: completer ->
-            /* Completer.run_once: store.expired_leases, then _recover: take_over */
+            /* Completer.admit: due_per_merchant (state = 'processing' AND lease_until <
+               now), then _recover → recovery.recover: take_over */
 end_scan:
             atomic {
-              k_state == PROC && !k_live -> busy[me] = 1; top = 1;
-              take_over();
-              deadline_then(N_SETTLE, N_DRIVE)
+              k_state == PROC && !k_live -> busy[me] = 1; answered = 1;
+              recover()
             }
-            goto next
        fi;
-
-reread:                                   /* _must_read, then existing(record) */
-       atomic { existing() }
-next:
        if
        :: !busy[me] -> goto done
-       :: nxt == N_DRIVE -> goto drive
+       :: nxt == N_SEND -> goto send
        :: nxt == N_SETTLE -> goto settle
        :: nxt == N_ABORT -> goto abort_fence_owned
        :: nxt == N_FENCE -> goto blind_fence
        fi;
 
-/* ---- settle(): past the issuer deadline, fence (and void) ------------------------ */
+/* ---- recovery.recover: settle in doubt (the completer, or a create's retry) ---------- */
 settle:
-#ifdef MUTANT_VOID_BEFORE_FENCE
-       atomic { issuer_void(IKEY(tok)) }  /* the code before 821217e: void, own commit */
-#endif
-       atomic {
-         fence_owned();
-         if
-         :: top -> respond()              /* the completer: counted as aborted */
-         :: else
-         fi
-       }
-       if
-       :: !busy[me] -> goto done
-       :: else -> goto reread             /* _recover_inline: existing(read) */
-       fi;
+       atomic { settle_in_doubt() }
+       goto done;
 
-/* ---- drive(): phases 2 and 3 for a key held by `tok` ----------------------------- */
-drive:
-       /* issuer.authorize(issuer key), no transaction open, under
-          asyncio.wait_for(IDEMPAY_ISSUER_TIMEOUT) */
+/* ---- acquire.authorize_and_finish: ONE 0200, no transaction open ------------------- */
+send:
+       /* link.authorize (an offline sale: link.advise_sale, a 0220, or 0221 repeated):
+          written to a connection, or no connection at all (NeverSent). The acquirer's
+          decision is recorded in the ghost when the 0200 is written (README.md,
+          "Abstractions"): it arrives and is approved -- a repeated RRN gets the original
+          answer, an RRN whose advice came first is declined (REVERSED_FIRST) -- or it is
+          lost on its way. Only 0200s count for a (a 0220 is not one). */
        atomic {
-         nxt = 0;
+         nxt = 0; ans = AU_NONE;
          if
-#ifdef ISSUER_DOWN
-         :: true                          /* tok_issuer_down: never answers, never records */
-#else
-         :: issuer_record(IKEY(tok), ans); nxt = N_DRIVE
-         :: iss_faults > 0 ->             /* recorded, then no answer in time */
-              iss_faults--; issuer_record(IKEY(tok), ans); ans = ST_NONE
-         :: iss_faults > 0 -> iss_faults--   /* the call never reached the issuer */
-#endif
-         fi
-       }
-       if
-       :: nxt != N_DRIVE ->
-            /* timeout → _hand_over → store.release: UPDATE … SET lease_until = now
-               WHERE state = 'processing' AND lease_token = mine; then 202 */
-            atomic {
+#ifndef ACQUIRER_DOWN
+         :: true ->                       /* written; it arrives */
               if
-              :: OWNED(tok) -> stale_check(tok); k_live = 0
+              :: !KADV -> a_sent++
               :: else
               fi;
-              code = R_PROCESSING; respond()
-            }
-            goto done
-       :: else
-       fi;
-       /* _finish → store.complete: UPDATE … SET state = 'completed', response = …
-          WHERE state = 'processing' AND lease_token = mine; + transaction + ledger + outbox;
-          one COMMIT (0 rows: roll back, answer with the winner's result) */
-       atomic {
-         if
-         :: COMPLETE_GUARD(tok) ->
-              stale_check(tok);
-              k_state = DONE; k_live = 0; t_count++; t_status = ans;
-              code = ans; respond()
-         :: else -> ans = 0; nxt = 0
+              if
+              :: a_auth == AU_NONE && !adv -> a_auth = AU_APPR
+              :: a_auth == AU_NONE && adv -> a_auth = AU_DECL
+              :: else
+              fi;
+              ans = a_auth
+         :: acq_faults > 0 ->             /* written; lost on its way */
+              acq_faults--;
+              if
+              :: !KADV -> a_sent++
+              :: else
+              fi
+#else
+         :: !KADV -> a_sent++             /* tok_issuer_down: recorded, never answered */
+         :: KADV
+#endif
+         :: acq_faults > 0 -> acq_faults--; nxt = N_NEVER   /* NeverSent: nothing left */
          fi
        }
-       if
-       :: !busy[me] -> goto done
-       :: else
-       fi;
-       /* 0 rows: _must_read; fenced while we waited → void the late answer (issuer.void,
-          its own commit, best effort); then existing(record) */
-       atomic {
-         if
-         :: k_state == ABRT -> nxt = N_LATE_VOID
-         :: else -> tok = 0; existing()
-         fi
-       }
-       if
-       :: !busy[me] -> goto done
-       :: nxt == N_LATE_VOID
-       :: else -> goto next
-       fi;
-       atomic { issuer_void(IKEY(tok)); code = R_FENCED; respond() }
+       /* drive: IDEMPAY_ANSWER_WITHIN passes at any moment → 202, the work goes on; then
+          the work's ending, each one commit with the event that decides it (the event has
+          no durable effect of its own, so a crash just before the commit is a crash just
+          before the event) */
+       do
+       :: atomic { !answered -> code = R_PROCESSING; reply() }   /* 202 */
+       /* NeverSent: before the 202, drop the claim (answer.releasing: the create waits for
+          the 503, never answers 202); after it, settle in doubt -- the 202 promised the key
+          ends terminal on its own. An offline sale is handed over. */
+       :: atomic { nxt == N_NEVER && !answered && !KADV ->
+                   release() }; break
+       :: atomic { nxt == N_NEVER && (answered || KADV) -> nxt = 0; in_doubt() }; break
+       /* the 0210 (0230) → finish */
+       :: atomic { nxt == 0 && ans != AU_NONE -> finish() }; break
+       /* no answer within IDEMPAY_ACQUIRER_TIMEOUT: nothing will come */
+       :: atomic { nxt == 0 && ans == AU_NONE ->
+#ifdef MUTANT_RELEASE_IN_DOUBT
+                   if
+                   :: !answered && !KADV -> release()   /* taken for a 0200 never sent */
+                   :: else -> in_doubt()
+                   fi
+#else
+                   in_doubt()
+#endif
+                 }; break
+       /* the answer lost or late, or the connection broken after the write */
+       :: atomic { nxt == 0 && ans != AU_NONE && acq_faults > 0 ->
+                   acq_faults--; ans = AU_NONE;
+#ifdef MUTANT_RELEASE_IN_DOUBT
+                   if
+                   :: !answered && !KADV -> release()
+                   :: else -> in_doubt()
+                   fi
+#else
+                   in_doubt()
+#endif
+                 }; break
+       od;
        goto done;
 
 /* ---- POST /v1/transactions/{id}/abort: resolution.abort -------------------------- */
 abort_fence_owned:                        /* _abort_existing, after its take-over */
-#ifdef MUTANT_VOID_BEFORE_FENCE
-       atomic { issuer_void(IKEY(tok)) }  /* the code before 821217e: void, own commit */
+       /* recovery.fence: store.fence_owned (UPDATE … SET state = 'aborted' WHERE state =
+          'processing' AND lease_token = mine) and, only if it won, advice.queue and the
+          outbox event: ONE COMMIT */
+       atomic {
+         if
+         :: OWNED(tok) ->
+              stale_check(tok); k_state = ABRT; k_live = 0; TOMB_AT;
+#ifndef MUTANT_FENCE_WITHOUT_ADVICE
+              adv = 1
+#else
+              skip
 #endif
-       atomic { fence_owned() }           /* service.fence_owned */
+         :: else
+         fi;
+         tok = 0; nxt = 0
+       }
        atomic {                           /* again = service.read, _abort_existing(again) */
          if
          :: k_state == DONE -> code = t_status
@@ -625,7 +693,7 @@ done:
        crash[me] ->
        d_step {                           /* the process dies: its open transaction rolls back */
          if
-         :: busy[me] && !completer -> inuse[ep]--   /* its client sees a reset */
+         :: busy[me] && !completer && !answered -> inuse[ep]--   /* its client sees a reset */
          :: else
          fi;
          if
@@ -633,7 +701,7 @@ done:
          :: else
          fi;
          crash[me] = 0; busy[me] = 0; kind = CREATE; ep = 0; code = 0; tok = 0; ans = 0;
-         nxt = 0; top = 0
+         nxt = 0; top = 0; answered = 0
        }
      }
   od
@@ -735,7 +803,7 @@ inline next_action() {
 inline sale_action() {
   if
   :: code == R_REJECTED ->
-       /* a create attempt refused before anything was processed (issue 14): definitive
+       /* a create attempt refused before anything was processed: definitive
           only if no earlier attempt may have reached the server; else it proves nothing
           about the earlier copy, so resolve the key (lookup, abort at the deadline) like
           after a lost answer (contract §4). The mutant: the rejection is the outcome. */
@@ -821,14 +889,6 @@ active proctype Terminal()
 
   atomic {
     configure();
-#ifdef ISSUER_DOWN
-    inline_path = 0;                      /* tok_issuer_down is a slow-path token */
-#else
-    if                                    /* the card token decides the issuer path */
-    :: inline_path = 1
-    :: inline_path = 0
-    fi;
-#endif
 #ifdef RETENTION
     if                                    /* the terminal's clock, at Journal.begin */
     :: t_stamp = 0                        /* in step with the server's */
@@ -1118,12 +1178,14 @@ end_world:
   :: atomic { clk < CMAX -> clk++ }
   /* retention.purge: DELETE the tombstone once updated_at < now - KEEP */
   :: atomic { (k_state == ABRT || k_state == EXPD) && clk > k_tomb + KEEP ->
-              k_state = NOKEY; k_tok = 0; k_live = 0; past = 0; claim_old = 0; k_tomb = 0;
+              k_state = NOKEY; k_tok = 0; k_live = 0; claim_old = 0; k_tomb = 0;
               purged = 1 }
 #endif
 #ifdef FAIR
-  :: atomic { net_faults > 0 || crashes > 0 || t_crashes > 0 || pauses > 0 || rejects > 0 ->
-              net_faults = 0; crashes = 0; t_crashes = 0; pauses = 0; rejects = 0 }
+  :: atomic { net_faults > 0 || crashes > 0 || t_crashes > 0 || pauses > 0 || rejects > 0 ||
+              acq_faults > 0 ->
+              net_faults = 0; crashes = 0; t_crashes = 0; pauses = 0; rejects = 0;
+              acq_faults = 0 }
                                                                     /* all is well now */
 #endif
   od
@@ -1142,7 +1204,7 @@ active proctype Time()
 #endif
 
 /* ======================================================================== properties */
-#define P_A (i_auths <= 1)
+#define P_A (a_sent <= 1)
 #define P_B (!(t_count > 0 && (k_state == ABRT || k_state == EXPD)))
 /* what a driver reported (returned or raised) agrees with the ledger, now and later */
 #define REPORT_OK(r) \
@@ -1151,28 +1213,30 @@ active proctype Time()
               (((r) == R_APPROVED || (r) == R_DECLINED) && t_count == 1 && t_status == (r)))
 #define P_C (t_count <= 1 && REPORT_OK(reported))
 #define P_E (stale_commits == 0)
-#define P_F (!(t_count > 0 && t_status == ST_APPROVED && i_state[0] == I_VOID) && \
-             !(k_state == ABRT && i_state[0] == I_AUTH))
-/* g (issue 14): a payment the terminal reported rejected (failed) was never processed
+/* f: once the key is settled (or gone), the acquirer's approval that no queued reversal
+   advice undoes stands iff the key has an approved transaction */
+#define P_F (k_state == PROC || \
+             ((a_auth == AU_APPR && !adv) == (k_state == DONE && t_status == ST_APPROVED)))
+/* g: a payment the terminal reported rejected (failed) was never processed
    and is not being processed (the journal entry it ended says the same) */
 #define P_G (!(reported == REP_REJECTED && (t_count > 0 || k_state == PROC)))
-/* h (issue 24): recover() never sells -- a payment whose terminal died before sending it
+/* h: recover() never sells -- a payment whose terminal died before sending it
    (the cashier ran the sale again) is never charged */
 #define P_H (!(unsent_at_boot && t_count > 0))
-/* i (issue 14): a fenced key is never processed later, even after its tombstone's purge */
+/* i: a fenced key is never processed later, even after its tombstone's purge */
 #ifdef RETENTION
 #define P_I (!(purged && (k_state == PROC || k_state == DONE)))
 #else
 #define P_I 1
 #endif
-/* j (issue 24): every driver of the key -- the terminal and a second Client on the same
+/* j: every driver of the key -- the terminal and a second Client on the same
    journal -- reports what the ledger says; none reports a failure */
 #ifdef TWO_DRIVERS
 #define P_J (REPORT_OK(reported) && REPORT_OK(reported2))
 #else
 #define P_J 1
 #endif
-/* k (issue 16): store and forward stays exactly once -- a payment sold offline is never
+/* k: store and forward stays exactly once -- a payment sold offline is never
    aborted by its terminal nor fenced as expired (an advice is exempt from expires_at), and
    its forward records what the ledger says: RESOLVED with the one transaction, REPORTED
    with none (t_count <= 1 is c's) */

@@ -63,6 +63,19 @@ def is_link_fault(resp: ResponseContextManager) -> bool:
     return True
 
 
+def is_processing(resp: ResponseContextManager, key: str) -> bool:
+    """A 202 ``processing`` for ``key``: the acquirer had not answered within the server's
+    ``IDEMPAY_ANSWER_WITHIN`` and the server finishes the key itself (contract: a create or
+    a lookup may answer so under load)."""
+    if resp.status_code != 202:
+        return False
+    try:
+        body = resp.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("id") == key and body.get("status") == "processing"
+
+
 def check_transaction(resp: ResponseContextManager, key: str) -> bool:
     """A 200/201 body is the transaction stored under ``key``; a replay says so."""
     try:

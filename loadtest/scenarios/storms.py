@@ -3,13 +3,15 @@
 ``DuplicateStorm``: every user hammers a handful of hot keys with the identical create
 (the payload is derived from the key, so all users send the same body). The hot keys
 rotate every ``HOT_KEY_PERIOD_S`` so the first-create race happens again and again.
-Success: 201 (first or a replay carrying ``Idempotent-Replayed: true``) or 409
-``request_in_progress``; anything else fails.
+Success: 201 (first or a replay carrying ``Idempotent-Replayed: true``), 409
+``request_in_progress``, or 202 ``processing`` (the acquirer had not answered within the
+server's ``IDEMPAY_ANSWER_WITHIN``); anything else fails.
 
 ``InDoubtStorm``: each user creates a batch of keys, except a share "lost in the outage"
 that never reached the server; after the simulated outage it storms lookups over the
-batch (200 for sent keys, 404 only for the lost ones) and now and then resolves a lost key
-the way a terminal would: 404 → resend with the same key → 201.
+batch (200 — or 202 ``processing`` while the acquirer's answer is awaited — for sent keys,
+404 only for the lost ones) and now and then resolves a lost key the way a terminal would:
+404 → resend with the same key → 201 (or 202).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from loadtest.scenarios._common import (
     api_key,
     check_transaction,
     create_headers,
+    is_processing,
     new_key,
     payment,
 )
@@ -69,7 +72,7 @@ class DuplicateStorm(FastHttpUser):
         ) as resp:
             if resp.status_code == 201:
                 check_transaction(resp, key)
-            elif resp.status_code == 409 and _code(resp) == "request_in_progress":
+            elif _in_flight(resp) or is_processing(resp, key):
                 resp.success()
             else:
                 resp.failure(f"duplicate create: {resp.status_code} {_code(resp)}")
@@ -101,9 +104,10 @@ class InDoubtStorm(FastHttpUser):
         with self.client.get(
             f"/v1/transactions/{key}", headers=headers, name=LOOKUP, catch_response=True
         ) as resp:
+            waiting = key not in self.lost and is_processing(resp, key)  # at the acquirer
             if resp.status_code == 200:
                 check_transaction(resp, key)
-            elif resp.status_code == 404 and key in self.lost:
+            elif waiting or (resp.status_code == 404 and key in self.lost):
                 resp.success()
             elif resp.status_code == 404:
                 resp.failure("lookup 404 for a key answered 201: transaction lost")
@@ -115,7 +119,8 @@ class InDoubtStorm(FastHttpUser):
         if not self.lost:
             return
         key = self.lost.pop()
-        if self._create(key, self.payloads[key], attempt=2, name=f"{CREATE} [resend]") != 201:
+        status = self._create(key, self.payloads[key], attempt=2, name=f"{CREATE} [resend]")
+        if status not in (201, 202):  # a 202 reached the server: the key is no longer lost
             self.lost.add(key)
 
     def _create(self, key: str, body: dict[str, Any], *, attempt: int, name: str) -> int:
@@ -125,9 +130,15 @@ class InDoubtStorm(FastHttpUser):
         ) as resp:
             if resp.status_code == 201:
                 check_transaction(resp, key)
+            elif is_processing(resp, key):
+                resp.success()
             else:
                 resp.failure(f"create: {resp.status_code} {_code(resp)}")
             return int(resp.status_code)
+
+
+def _in_flight(resp: Any) -> bool:
+    return bool(resp.status_code == 409 and _code(resp) == "request_in_progress")
 
 
 def _code(resp: Any) -> str | None:

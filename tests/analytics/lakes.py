@@ -79,6 +79,9 @@ def txn(
     offline: bool = False,
     captured: str | None = None,
     override: bool = False,
+    rrn: str | None = None,
+    authorization_code: str | None = None,
+    decline_reason: str | None = None,
 ) -> dict[str, Any]:
     created = at(moment)
     return {
@@ -96,6 +99,9 @@ def txn(
         "offline": offline,
         "captured_at": at(captured) if captured else None,
         "duplicate_override": override,
+        "rrn": rrn,
+        "authorization_code": authorization_code,
+        "decline_reason": decline_reason,
     }
 
 
@@ -174,6 +180,7 @@ def summary_row(day: date, merchant: str, **metrics: Any) -> tuple[Any, ...]:
         duplicate_rate=0.0,
         in_doubt_rate=0.0,
         lookup_found_rate=0.0,
+        acquirer_timeout_rate=0.0,
     )
     unknown = set(metrics) - set(SUMMARY_COLUMNS)
     assert not unknown, unknown

@@ -40,7 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from analytics import duckdb_reference, money, outputs, transforms
+from analytics import duckdb_reference, money, offline, outputs, transforms
 from analytics.metrics import SUMMARY_COLUMNS
 from tests.analytics.lakes import (
     D1,
@@ -121,6 +121,7 @@ def _summary(spark: SparkSession) -> DataFrame:
         transforms.cubes(events),
         money.suspected_double_charges(transactions),
         money.exactly_once_violations(transactions, ledger),
+        offline.transaction_cube(transactions),
         start=D1,
         end=D3,
     )
@@ -210,6 +211,7 @@ def test_range_reports_nothing_outside_it_but_keys_stay_whole(spark: SparkSessio
         transforms.cubes(events),
         money.suspected_double_charges(empty_txns),
         money.exactly_once_violations(empty_txns, frame(spark, "ledger_entries", [])),
+        offline.transaction_cube(empty_txns),
         start=D2,
         end=D2,
     ).where("merchant_id = 'ALL'")

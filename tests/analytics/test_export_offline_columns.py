@@ -66,7 +66,7 @@ def test_export_writes_the_offline_and_override_columns(
     ]
     assert by_second[1]["captured_at"] == moment(DAY, 1) - timedelta(minutes=90)
     body = json.loads((folder / manifest.MANIFEST).read_text())
-    assert (body["schema_version"], body["columns"]) == (2, TABLES["transactions"].names)
+    assert (body["schema_version"], body["columns"]) == (3, TABLES["transactions"].names)
 
     answers = duckdb_reference.audit(lake, start=DAY, end=DAY, threads=1)
     fleet = [r for r in answers["offline_summary"] if r["merchant_id"] == "ALL"]
@@ -88,8 +88,9 @@ def test_a_day_exported_before_schema_2_is_merged_not_refused(
     contract = {name: old.get(name) for name in required_columns("transactions")}
     contract["transaction_id"] = old["id"]
     table = pa.Table.from_pylist([contract]).select(required_columns("transactions"))
-    pq.write_table(table.cast(TABLES["transactions"].remove(11).remove(11).remove(11)),
-                   folder / "part-0.parquet")  # fmt: skip
+    contract_columns = required_columns("transactions")
+    schema_1 = pa.schema([TABLES["transactions"].field(n) for n in contract_columns])
+    pq.write_table(table.cast(schema_1), folder / "part-0.parquet")
     insert_rows(private_backend, _rows())
 
     result = _export(private_backend, lake)
@@ -98,7 +99,7 @@ def test_a_day_exported_before_schema_2_is_merged_not_refused(
     merged = pq.read_table(folder / "part-0.parquet")
     assert merged.schema == TABLES["transactions"] and merged.num_rows == 4
     kept = [r for r in merged.to_pylist() if r["transaction_id"] == old["id"]]
-    assert [(r["offline"], r["captured_at"], r["duplicate_override"]) for r in kept] == [
-        (None, None, None)
+    assert [(r["offline"], r["captured_at"], r["duplicate_override"], r["rrn"]) for r in kept] == [
+        (None, None, None, None)
     ]
     assert manifest.problems(folder, columns=TABLES["transactions"].names) == []

@@ -27,8 +27,16 @@ HEADERS = {
         "event_date,merchant_id,transactions,create_requests,retried_transactions,retry_rate,"
         "unseen_attempts,link_loss_rate,duplicate_requests,duplicate_rate,in_doubt_transactions,in_doubt_rate,"
         "lookup_found_rate,in_doubt_resolution_p50_s,in_doubt_resolution_p95_s,key_reused,"
-        "aborted,expired,reversed,suspected_double_charges,exactly_once_violations,"
+        "aborted,expired,reversed,acquirer_timeouts,acquirer_timeout_rate,"
+        "suspected_double_charges,exactly_once_violations,"
         "create_p50_ms,create_p95_ms,create_p99_ms"
+    ),
+    "settlement_recon.csv": (
+        "event_date,merchant_id,matched,matched_amount,acquirer_only,ours_only,"
+        "amount_mismatch,duplicate_rrn"
+    ),
+    "settlement_exceptions.csv": (
+        "event_date,merchant_id,kind,rrn,transaction_id,amount,currency,clearing_amount"
     ),
     "terminal_ranking.csv": (
         "event_date,merchant_id,terminal_id,transactions,retried_transactions,retry_rate,rank"
@@ -107,7 +115,8 @@ def test_synthesized_lake_has_the_contract_columns(lake: tuple[Path, SynthResult
         "outcome http_status attempt network latency_ms",
         "transactions": "transaction_id merchant_id terminal_id type amount currency "
         "card_fingerprint status created_at processed_at reversed_at "
-        "offline captured_at duplicate_override",  # the last three: lake schema 2
+        "offline captured_at duplicate_override "  # lake schema 2
+        "rrn authorization_code decline_reason",  # lake schema 3
         "ledger_entries": "entry_id transaction_id merchant_id amount currency kind created_at",
     }
     for table, columns in names.items():
@@ -130,6 +139,10 @@ def test_daily_audit_under_spark_submit_and_the_cli_agree(
         assert (out / name).read_text().splitlines()[0] == header, name
     summary = _rows(out / "daily_summary.csv")
     assert pq.read_table(out / "daily_summary").num_rows == len(summary)
+    # the synthesized clearing: every sale matched, no exception
+    recon = [r for r in _rows(out / "settlement_recon.csv") if r["merchant_id"] == "ALL"]
+    assert recon and all(int(r["matched"]) > 0 for r in recon)
+    assert _rows(out / "settlement_exceptions.csv") == []
     for folder in (
         "terminal_ranking",
         "suspected_double_charges",

@@ -91,6 +91,9 @@ def test_the_contract_columns_are_lake_schema_1() -> None:
         "bool",
         "timestamp[us, tz=UTC]",
         "bool",
+        "string",  # lake schema 3: rrn, authorization_code, decline_reason
+        "string",
+        "string",
     ]
 
 

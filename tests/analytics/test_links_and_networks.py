@@ -34,7 +34,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from analytics import duckdb_reference, money, outputs, transforms
+from analytics import duckdb_reference, money, offline, outputs, transforms
 from analytics.jobs.daily_audit import collect, run_audit
 from analytics.metrics import LINK_LOSS_COLUMNS, NETWORK_COLUMNS, RANKING_COLUMNS
 from tests.analytics.lakes import D1, D2, as_dicts, assert_rows_equal, ev, frame, write_lake
@@ -162,6 +162,7 @@ def _spark_tables(spark: SparkSession) -> dict[str, DataFrame]:
         cubes,
         money.suspected_double_charges(txns),
         money.exactly_once_violations(txns, frame(spark, "ledger_entries", [])),
+        offline.transaction_cube(txns),
         start=D1,
         end=D2,
     )

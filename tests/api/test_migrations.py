@@ -100,7 +100,10 @@ def test_a_migration_waits_for_the_migration_lock(tmp_path: Path) -> None:
     )  # fmt: skip
     migration: subprocess.Popen[bytes] | None = None
     try:
-        held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        held = (
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+            "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         eventually(
             lambda: _psql(name, held),
             until=lambda count: count == "1",
@@ -128,8 +131,11 @@ def test_a_migration_waits_for_the_migration_lock(tmp_path: Path) -> None:
         assert _psql(name, "SELECT to_regclass('idempotency_key') IS NULL") == "t"
         _psql(
             name,
+            # this database's holder only: advisory locks of every other database on the
+            # shared server (other tests' leaders, guards, migrations) are none of ours
             "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
-            "AND granted",
+            "AND granted AND database = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database())",
         )
         output = migration.communicate(timeout=120)[0].decode()
         assert migration.returncode == 0, output
@@ -175,13 +181,15 @@ def test_migrate_writes_an_epoch_that_only_new_epoch_renews(tmp_path: Path) -> N
 # ------------------------------------------------------------------ 0008: merchant keys
 # Every primary key and unique constraint of a merchant's data contains merchant_id (issue
 # 18), so Citus can shard the tables by merchant; an existing database keeps its rows, and
-# the simulator's issuer records get their merchant back from the key rows.
+# the simulator's issuer records get their merchant back from the key rows. The 0008 step is
+# checked at 0012 (the last revision of its own series), not at head: 0014 drops
+# issuer_authorization (the in-process issuer is gone), and its downgrade brings the table
+# back empty — checked on its own below.
 
 SECRET = Settings.model_fields["secret_key"].default  # what the migration derives with
 MERCHANT_KEYS = {
     "ledger_entry": ["merchant_id", "entry_id"],
     "request_event": ["merchant_id", "event_id"],
-    "issuer_authorization": ["merchant_id", "issuer_key"],
     "idempotency_key": ["merchant_id", "key"],
     "transaction": ["merchant_id", "id"],
 }
@@ -214,16 +222,39 @@ SEED_0004 = [
 ]
 
 
-def upgrade_with_rows(settings: Settings) -> Callable[[str], list[Any]]:
-    """0004 with one merchant's rows, then ``idempay migrate`` (to head); the SQL runner."""
+def upgrade_with_rows(settings: Settings, revision: str) -> Callable[[str], list[Any]]:
+    """0004 with one merchant's rows, then up to ``revision`` (one with issuer records,
+    0008–0013: theirs have their merchant); the SQL runner."""
     if settings.is_sqlite:
         settings.var_dir.mkdir(parents=True, exist_ok=True)
     backend = Backend("x", settings.database_url, settings.var_dir.parent)
     command.upgrade(alembic_config(settings), "0004")
     for statement in SEED_0004:
         backend.sql(statement)
-    migrate(settings)
+    command.upgrade(alembic_config(settings), revision)
+    owners = dict(backend.sql("SELECT issuer_key, merchant_id FROM issuer_authorization"))
+    assert owners == {issuer_key("mer_a", "k1"): "mer_a", "orphan": ""}
     return backend.sql
+
+
+def issuer_table(settings: Settings) -> list[str] | None:
+    """issuer_authorization's primary key columns, or None when the table is gone."""
+
+    def read(connection: Any) -> list[str] | None:
+        inspector = sa.inspect(connection)
+        if not inspector.has_table("issuer_authorization"):
+            return None
+        return list(inspector.get_pk_constraint("issuer_authorization")["constrained_columns"])
+
+    async def run() -> list[str] | None:
+        engine = create_async_engine(settings.resolved_database_url)
+        try:
+            async with engine.connect() as conn:
+                return await conn.run_sync(read)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
 
 
 def inspect(settings: Settings, read: Callable[[Any, str], Any]) -> dict[str, Any]:
@@ -234,7 +265,11 @@ def inspect(settings: Settings, read: Callable[[Any, str], Any]) -> dict[str, An
         try:
             async with engine.connect() as conn:
                 return await conn.run_sync(
-                    lambda c: {t: read(sa.inspect(c), t) for t in Base.metadata.tables}
+                    lambda c: {
+                        t: read(sa.inspect(c), t)
+                        for t in Base.metadata.tables
+                        if sa.inspect(c).has_table(t)  # at an older revision: not all yet
+                    }
                 )
         finally:
             await engine.dispose()
@@ -246,7 +281,11 @@ def primary_keys(settings: Settings) -> dict[str, list[str]]:
     return inspect(settings, lambda i, t: i.get_pk_constraint(t)["constrained_columns"])
 
 
-def check_merchant_keys(settings: Settings, sql: Callable[[str], list[Any]]) -> None:
+def check_merchant_keys(
+    settings: Settings, sql: Callable[[str], list[Any]], *, issuer_records: bool
+) -> None:
+    """0008's keys and rows; ``issuer_records``: issuer_authorization still there (0008 to
+    0013: keyed by merchant, its rows kept and owned), else dropped (0014 on)."""
     keys = primary_keys(settings)
     for table, columns in MERCHANT_KEYS.items():
         assert keys[table] == columns, table
@@ -265,39 +304,67 @@ def check_merchant_keys(settings: Settings, sql: Callable[[str], list[Any]]) -> 
     assert [(u["name"], u["column_names"]) for u in uniques] == [
         ("uq_request_event_event_id", ["event_id"])
     ]
-    owners = dict(sql("SELECT issuer_key, merchant_id FROM issuer_authorization"))
-    assert owners == {issuer_key("mer_a", "k1"): "mer_a", "orphan": ""}
+    if issuer_records:
+        assert issuer_table(settings) == ["merchant_id", "issuer_key"]
+        owners = dict(sql("SELECT issuer_key, merchant_id FROM issuer_authorization"))
+        assert owners == {issuer_key("mer_a", "k1"): "mer_a", "orphan": ""}
+    else:
+        assert issuer_table(settings) is None
 
 
-def down_and_up_again(settings: Settings, sql: Callable[[str], list[Any]]) -> None:
-    """Down to 0004 (the old keys, every row kept), then up again: the same result."""
+def the_0008_step(settings: Settings) -> None:
+    """Up to 0012 with rows; down to 0004 (the old keys, every row kept); up to 0012 again:
+    the same result."""
+    sql = upgrade_with_rows(settings, "0012")
+    check_merchant_keys(settings, sql, issuer_records=True)
     command.downgrade(alembic_config(settings), "0004")
     keys = primary_keys(settings)
     assert keys["ledger_entry"] == ["entry_id"]
-    assert keys["issuer_authorization"] == ["issuer_key"]
+    assert issuer_table(settings) == ["issuer_key"]
     assert sql("SELECT count(*) FROM issuer_authorization")[0][0] == 2
+    command.upgrade(alembic_config(settings), "0012")
+    check_merchant_keys(settings, sql, issuer_records=True)
+    command.upgrade(alembic_config(settings), "0012")  # there already: nothing changes
+    check_merchant_keys(settings, sql, issuer_records=True)
+
+
+def the_0014_step(settings: Settings) -> None:
+    """From 0013 with rows to head: issuer_authorization dropped, 0008's keys and every
+    other row kept; down to 0013: the table back, empty, keyed by merchant; head again."""
+    sql = upgrade_with_rows(settings, "0013")
     migrate(settings)
-    check_merchant_keys(settings, sql)
+    check_merchant_keys(settings, sql, issuer_records=False)
+    command.downgrade(alembic_config(settings), "0013")
+    assert issuer_table(settings) == ["merchant_id", "issuer_key"]
+    assert sql("SELECT count(*) FROM issuer_authorization")[0][0] == 0  # not kept by 0014
+    migrate(settings)
+    check_merchant_keys(settings, sql, issuer_records=False)
     migrate(settings)  # at head: nothing to do, nothing changes
-    check_merchant_keys(settings, sql)
+    check_merchant_keys(settings, sql, issuer_records=False)
 
 
 def test_0008_puts_the_merchant_in_every_key_on_postgres(tmp_path: Path) -> None:
     name = create_database("idempay_mig")
     try:
-        settings = Settings(database_url=pg_url(name), var_dir=tmp_path / "var")
-        sql = upgrade_with_rows(settings)
-        check_merchant_keys(settings, sql)
-        down_and_up_again(settings, sql)
+        the_0008_step(Settings(database_url=pg_url(name), var_dir=tmp_path / "var"))
     finally:
         drop_database(name)
 
 
 def test_0008_puts_the_merchant_in_every_key_on_sqlite(tmp_path: Path) -> None:
-    settings = Settings(database_url=None, var_dir=tmp_path / "var")
-    sql = upgrade_with_rows(settings)
-    check_merchant_keys(settings, sql)
-    down_and_up_again(settings, sql)
+    the_0008_step(Settings(database_url=None, var_dir=tmp_path / "var"))
+
+
+def test_0014_drops_the_issuer_records_and_keeps_the_rest_on_postgres(tmp_path: Path) -> None:
+    name = create_database("idempay_mig")
+    try:
+        the_0014_step(Settings(database_url=pg_url(name), var_dir=tmp_path / "var"))
+    finally:
+        drop_database(name)
+
+
+def test_0014_drops_the_issuer_records_and_keeps_the_rest_on_sqlite(tmp_path: Path) -> None:
+    the_0014_step(Settings(database_url=None, var_dir=tmp_path / "var"))
 
 
 def test_every_table_has_a_place_on_citus() -> None:

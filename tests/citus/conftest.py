@@ -1,15 +1,13 @@
 """The Citus suite (issue 18): idempay on a private coordinator + 2 workers.
 
 Every test here is marked ``citus`` and ``server`` (it starts processes), so ``make test``
-runs it and ``make test-fast`` leaves it out. The cluster starts once per session
-(``scripts/citus.sh`` builds and installs the extension first on a fresh machine); each
-module takes a database of its own on it.
+runs it and ``make test-fast`` leaves it out. The cluster (``citus``, tests/conftest.py)
+starts once per run (``scripts/citus.sh`` builds and installs the extension first on a
+fresh machine); each module takes a database of its own on it.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,19 +30,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("server")
             # The first test sets the cluster up, which on a fresh machine builds Citus.
             item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT))
-
-
-@pytest.fixture(scope="session")
-def citus() -> Iterator[CitusCluster]:
-    """In a folder of its own under /tmp, not pytest's: the nodes run as the postgres user,
-    and pytest makes its own root folder private again (0700) at every session start."""
-    root = Path(tempfile.mkdtemp(prefix="idempay-citus-"))
-    cluster = CitusCluster(root)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def citus_backend(cluster: CitusCluster, tmp: Path) -> Backend:

@@ -8,8 +8,10 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -95,15 +97,42 @@ class Fleet:
         with ThreadPoolExecutor(max_workers=8) as pool:
             return dict(pool.map(again, unanswered))
 
+    def replay_unanswered(self) -> dict[str, tuple[int, str | None]]:
+        """As ``retry_unanswered``: key → (status, the answered transaction's status)."""
+        unanswered = [a for a in self.answers if a.status != 201]
+        terminals = {m: f"T-{n:04d}" for n, m in enumerate(self.merchants)}
 
-def invariants(database_url: str, merchant_ids: list[str], approved: list[str]) -> InvariantReport:
-    """contract §8 for these merchants; ``approved``: every key the fleet was answered 201."""
+        def again(answer: Answer) -> tuple[str, tuple[int, str | None]]:
+            api = self.merchants[answer.merchant_id]
+            payload = body(terminal_id=terminals[answer.merchant_id], amount=700)
+            response = api.create(answer.key, payload)
+            status = response.json().get("status") if response.status_code == 201 else None
+            return answer.key, (response.status_code, status)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return dict(pool.map(again, unanswered))
+
+
+def invariants(
+    database_url: str,
+    merchant_ids: list[str],
+    approved: list[str],
+    *,
+    reported: Mapping[str, str] | None = None,
+    acquirer_store: Path | None = None,
+) -> InvariantReport:
+    """contract §8 for these merchants; ``approved``: every key the fleet was answered 201
+    approved, ``reported``: other keys' answered statuses; with ``acquirer_store``, the
+    acquirer's side too."""
 
     async def run() -> InvariantReport:
         engine = create_engine(Settings(database_url=database_url))
         try:
             return await check_invariants(
-                engine, merchant_ids=merchant_ids, reported=dict.fromkeys(approved, "approved")
+                engine,
+                merchant_ids=merchant_ids,
+                reported={**dict.fromkeys(approved, "approved"), **(reported or {})},
+                acquirer_store=acquirer_store,
             )
         finally:
             await engine.dispose()

@@ -1,15 +1,18 @@
 """Every statement of the hot path is a single-shard one on Citus (issue 18).
 
-A server on the Citus coordinator serves one merchant's create (one-write and general path),
-replay, conflicting body, lookup, reversal, aborts and an expired create. The coordinator logs
-every statement its clients run, with parameters (``log_statement = all`` for this database);
-each one the server ran is then EXPLAINed with its own parameters (``PREPARE`` + ``EXPLAIN
-EXECUTE``): a statement on distributed tables must plan to one task on one worker — no
-multi-shard plan. ``citus_stat_statements`` says the same from the executor's side: a
-router query carries its merchant as ``partition_key``.
+A server on the Citus coordinator serves one merchant's creates (approved, declined, one
+whose acquirer answers late), replay, conflicting body, lookup, reversal, aborts and an
+expired create. The coordinator logs every statement its clients run, with parameters
+(``log_statement = all`` for this database); each one the server ran is then EXPLAINed with
+its own parameters (``PREPARE`` + ``EXPLAIN EXECUTE``): a statement on distributed tables
+must plan to one task on one worker — no multi-shard plan. ``citus_stat_statements`` says
+the same from the executor's side: a router query carries its merchant as
+``partition_key``.
 
-What is not single-shard by design stays off the request path and is covered elsewhere
-(tests/citus/test_off_path.py): the completer's scan, the relay, retention, the export.
+What is not single-shard by design stays off the request path: the completer's scan, the
+relay, retention, the export (tests/citus/test_off_path.py), and the reversal-advice worker's
+scan of its queue (the due advices, the depth for the metrics). This server runs neither
+the completer nor the advice worker.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from tests.support.client import Api, body, card, new_key
 REFERENCE_ONLY = re.compile(r"\b(api_key|merchant|database_epoch)\b")
 QUERY = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.I)
 DISTRIBUTED_TABLE = re.compile(
-    r"\b(idempotency_key|transaction|ledger_entry|issuer_authorization|outbox_event|"
+    r"\b(idempotency_key|transaction|ledger_entry|outbox_event|"
     r"merchant_outbox_seq|request_event)\b"
 )
 
@@ -75,7 +78,7 @@ def drive_hot_path(api: Api) -> int:
         assert response_status == expected
 
     key = new_key()
-    count(api.create(key).status_code, 201)  # the one-write create
+    count(api.create(key).status_code, 201)  # claim, 0200, finish
     count(api.create(key).status_code, 201)  # its replay
     count(api.create(key, body(amount=1)).status_code, 422)  # another body
     count(api.lookup(key).status_code, 200)
@@ -85,7 +88,7 @@ def drive_hot_path(api: Api) -> int:
     count(api.abort(key).status_code, 200)  # an abort after the fact
     declined = body(card=card("tok_decline_insufficient_funds"))
     count(api.create(new_key(), declined).status_code, 201)
-    slow = new_key()  # the general path: claim, issuer call, guarded finish
+    slow = new_key()  # the acquirer answers late: the 0200 outlasts a quick claim
     count(api.create(slow, body(card=card("tok_issuer_slow"))).status_code, 201)
     count(api.lookup(slow).status_code, 200)
     old = (datetime.now(UTC) - timedelta(days=400)).isoformat()
@@ -99,7 +102,14 @@ def hot_path(citus_db: Backend, citus: CitusCluster) -> tuple[list[Plan], list[d
     database = citus_db.url.rsplit("/", 1)[1]
     coordinator = citus.coordinator.dsn(database)
     execute_sync(coordinator, f"ALTER DATABASE \"{database}\" SET log_statement = 'all'")
-    server = citus_db.server(IDEMPAY_COMPLETER_ENABLED="false", IDEMPAY_PURGE_INTERVAL="86400")
+    server = citus_db.server(
+        IDEMPAY_COMPLETER_ENABLED="false",
+        IDEMPAY_ADVICE_ENABLED="false",
+        IDEMPAY_PURGE_INTERVAL="86400",
+        # a loaded machine: every create is answered in its request (201), never 202
+        IDEMPAY_ANSWER_WITHIN="10",
+        IDEMPAY_ACQUIRER_TIMEOUT="15",
+    )
     api = Api(server.url, citus_db.api_key("single-shard"))
     merchant = query(coordinator, "SELECT id FROM merchant WHERE name = 'single-shard'")[0][0]
     execute_sync(coordinator, "SELECT citus_stat_statements_reset()")
@@ -140,7 +150,6 @@ def test_every_hot_path_statement_plans_to_one_shard(
         "transaction",
         "ledger_entry",
         "outbox_event",
-        "issuer_authorization",
         "request_event",
     ]
     for table in tables:
@@ -154,9 +163,8 @@ def test_the_executor_routes_each_by_its_merchant(
     hot_path: tuple[list[Plan], list[dict[str, object]]],
 ) -> None:
     """citus_stat_statements: a router query records its shard's key (the merchant). The
-    one-write create's CTE is not run on Citus (``PgInline.create`` leaves it to the general
-    path there), and the event writer's statements are one merchant's rows each: every
-    statement on a distributed table is routed."""
+    create's claim and finish are statements of one merchant each, and so are the event
+    writer's: every statement on a distributed table is routed."""
     _, stats = hot_path
     unrouted = [
         s for s in stats if s["partition_key"] is None and DISTRIBUTED_TABLE.search(str(s["query"]))

@@ -1,17 +1,20 @@
-"""A payment deadline shorter than the issuer's latency ends in abort, against the real
+"""A payment deadline shorter than the acquirer's latency ends in abort, against the real
 server on Postgres; the original request, held by the chaos proxy and released after the
 abort, is refused with 410 and never charged.
 
-Timeline (server: issuer takes 12 s, gives up waiting after 1.5 s; SDK: 1 s per request,
-deadline 2.5 s): the original create is held in the network → the terminal times out,
-looks up (404) and resends with the same key → the server claims it and waits on the slow
-issuer → the terminal times out again, looks up (202) → deadline → abort (409 while the
-server works, then the fence) → ``PaymentAbortedError``. Then the original arrives: 410.
+Timeline (server: the acquirer answers after 12 s, the create gives up waiting after 1.5 s
+and the 0200 is in doubt only after 20 s; SDK: 1 s per request, deadline 2.5 s): the
+original create is held in the network → the terminal times out, looks up (404) and resends
+with the same key → the server claims it and sends its one 0200 → the terminal times out
+again, looks up (202) → deadline → abort (409 until ``IDEMPAY_ANSWER_WITHIN`` + 0.5 s after
+the claim, then the abort takes the key over and fences it, queuing the 0420 of its 0200)
+→ ``PaymentAbortedError``. The acquirer's approval is reversed by that advice; the late 0210
+changes nothing. Then the original arrives: 410.
 
-The server has a database of its own, and its issuer is far slower than the deadline
+The server has a database of its own, and its acquirer is far slower than the deadline
 (12 s vs 2.5 s): the test once failed because another module's server, sharing the session
-database, re-drove this key from its completer with a 0.8 s issuer and approved it before
-the abort — right for that server, wrong for this test's premise.
+database, finished this key from its completer before the abort — right for that server,
+wrong for this test's premise.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ from pathlib import Path
 import pytest
 from integration_db import Merchant, journal_entries, wait_for
 
+from api.acquirer.host import store
+from api.acquirer.messages import rrn_for
 from api.config import Settings
-from api.transactions.issuer import derive_issuer_key
 from client_sdk import Client, JournalState, PaymentAbortedError, RetryPolicy
 from idempay_tools.chaos_proxy import ChaosProxy, ProxyThread
 from tests.support.backend import Backend
 from tests.support.services import Server
 
 ISSUER_SLOW_S = 12.0
+ACQUIRER_TIMEOUT_S = 20.0  # the 0200 is still awaited when the abort fences its key
 DEADLINE_S = 2.5
 HOLD_ORIGINAL_S = 16.0
 SLOW_CARD = {"token": "tok_issuer_slow", "last4": "0002", "brand": "visa"}
@@ -39,9 +44,12 @@ SLOW_CARD = {"token": "tok_issuer_slow", "last4": "0002", "brand": "visa"}
 
 @pytest.fixture
 def slow_issuer_server(private_pg_backend: Backend) -> Iterator[Server]:
-    # A database of its own: another module's server (issuer 0.8 s) once re-drove this
-    # key from its completer and approved it before the abort.
-    server = private_pg_backend.server(IDEMPAY_ISSUER_SLOW_SECONDS=str(ISSUER_SLOW_S))
+    # A database of its own: another module's server (acquirer 0.8 s) once finished this
+    # key from its completer before the abort.
+    server = private_pg_backend.server(
+        IDEMPAY_ACQUIRER_SLOW_SECONDS=str(ISSUER_SLOW_S),
+        IDEMPAY_ACQUIRER_TIMEOUT=str(ACQUIRER_TIMEOUT_S),
+    )
     yield server
     server.stop()
 
@@ -96,8 +104,25 @@ def test_a_deadline_shorter_than_the_issuer_aborts_and_the_late_original_is_refu
         timeout=10,
         what=f"create events, saw {merchant.create_events(key)}",
     )
-    issuer_key = derive_issuer_key(Settings().secret_key, merchant.id, key)
-    [(result,)] = pg_backend.sql(
-        "SELECT result FROM issuer_authorization WHERE issuer_key = :k", k=issuer_key
+    # the one 0200 (the resend's) was approved by the acquirer and reversed by the abort's
+    # advice, acknowledged: nothing stays authorized for a fenced key
+    rrn = rrn_for(Settings().secret_key.encode(), merchant.id, key)
+    wait_for(
+        lambda: advice_of(pg_backend, merchant.id, key) == ("abort", rrn, True),
+        timeout=30,
+        what=f"the abort's advice acknowledged, saw {advice_of(pg_backend, merchant.id, key)}",
     )
-    assert result == "voided"
+    at_acquirer = store.summary(pg_backend.tmp / "var" / "acquirer.sqlite3")[rrn]
+    assert (at_acquirer.requests, at_acquirer.approved, at_acquirer.reversed) == (1, True, True)
+    assert rrn not in store.net_approvals(pg_backend.tmp / "var" / "acquirer.sqlite3")
+
+
+def advice_of(backend: Backend, merchant_id: str, key: str) -> tuple[str, str, bool] | None:
+    """(kind, rrn, acknowledged?) of the key's reversal advice, if one was queued."""
+    rows = backend.sql(
+        "SELECT kind, rrn, acknowledged_at IS NOT NULL FROM acquirer_advice"
+        " WHERE merchant_id = :m AND key = :k",
+        m=merchant_id,
+        k=key,
+    )
+    return (str(rows[0][0]), str(rows[0][1]), bool(rows[0][2])) if rows else None

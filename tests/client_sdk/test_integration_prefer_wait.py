@@ -14,12 +14,13 @@ import httpx
 import pytest
 from integration_db import Merchant
 
+from api.acquirer.host import store
 from client_sdk import Client, RetryPolicy
 from tests.support.backend import Backend
 from tests.support.eventually import eventually
 from tests.support.services import Server
 
-ISSUER_SLOW_S = 3.0  # inside the issuer timeout below: the create itself settles the key
+ISSUER_SLOW_S = 3.0  # inside the acquirer timeout below: the create itself settles the key
 SLOW_CARD = {"token": "tok_issuer_slow", "last4": "0002", "brand": "visa"}
 
 
@@ -56,9 +57,9 @@ class LosesTheFirstCreateAnswer(httpx.BaseTransport):
 @pytest.fixture
 def slow_server(private_backend: Backend) -> Iterator[Server]:
     server = private_backend.server(
-        IDEMPAY_ISSUER_SLOW_SECONDS=str(ISSUER_SLOW_S),
-        IDEMPAY_ISSUER_TIMEOUT="8",
-        IDEMPAY_ISSUER_DEADLINE="30",
+        IDEMPAY_ACQUIRER_SLOW_SECONDS=str(ISSUER_SLOW_S),
+        IDEMPAY_ANSWER_WITHIN="8",
+        IDEMPAY_ACQUIRER_TIMEOUT="10",  # the 0210 comes in time: never in doubt
     )
     yield server
     server.stop()
@@ -88,6 +89,13 @@ def test_a_lost_answer_is_settled_by_one_waiting_lookup(
     assert lookups == [("GET", f"/v1/transactions/{result.id}", "wait=8", 200)], payment
     assert len(payment) == 2  # one create, one lookup: no 202, no second lookup, no resend
     assert merchant.charges() == {result.id: 1}
+    [(rrn,)] = private_backend.sql(
+        'SELECT rrn FROM "transaction" WHERE merchant_id = :m AND id = :k',
+        m=merchant.id,
+        k=result.id,
+    )
+    at_acquirer = store.summary(private_backend.tmp / "var" / "acquirer.sqlite3")[rrn]
+    assert (at_acquirer.requests, at_acquirer.approved, at_acquirer.reversed) == (1, True, False)
 
 
 def test_the_lookup_wait_stays_inside_the_request_timeout() -> None:

@@ -55,7 +55,7 @@ def test_a_journal_replaced_while_in_use_is_detected(journal_path: Path) -> None
 def test_the_schema_version_is_stamped_and_a_newer_one_refused(journal_path: Path) -> None:
     Journal(journal_path).close()
     db = sqlite3.connect(journal_path)
-    assert db.execute("PRAGMA user_version").fetchone() == (4,)
+    assert db.execute("PRAGMA user_version").fetchone() == (5,)
     db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()

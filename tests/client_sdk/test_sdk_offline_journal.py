@@ -120,7 +120,7 @@ def test_a_version_2_journal_is_brought_up_keeping_its_entries_and_lease(
             journal.store("k-new", advice_body(_request()), policy=POLICY, now=NOW), str
         )
     db = sqlite3.connect(journal_path)
-    assert db.execute("PRAGMA user_version").fetchone() == (4,)
+    assert db.execute("PRAGMA user_version").fetchone() == (5,)
     assert db.execute("SELECT lease_owner FROM journal_entry WHERE key = 'k-old'").fetchone() == (
         "1:a:b",
     )

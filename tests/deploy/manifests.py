@@ -241,22 +241,34 @@ def _is_group(command: Any) -> bool:
     return hasattr(command, "get_command")
 
 
+def _unparsed(context: Any) -> list[str]:
+    """What a group's context left for its subcommand (click 8.2 renamed the attribute)."""
+    protected = getattr(context, "_protected_args", None)
+    if protected is None:
+        protected = context.protected_args
+    return [*protected, *context.args]
+
+
 def parse_idempay(argv: Sequence[str]) -> tuple[str, dict[str, Any]]:
     """Parse an `idempay …` argument list with the real CLI (no command runs): the
-    subcommand's path (e.g. "admin create-key") and its parsed parameters. Raises if a
-    subcommand or an option does not exist or a value is invalid."""
+    subcommand's path (e.g. "admin create-key", or "acquirer" for the group that runs
+    without a subcommand) and its parsed parameters. Raises if a subcommand or an option
+    does not exist or a value is invalid."""
     assert argv and Path(argv[0]).name == "idempay", argv
     command = idempay_cli()
     path: list[str] = []
     rest = list(argv[1:])
-    parent = command.make_context("idempay", [], resilient_parsing=True)
-    while _is_group(command):
-        assert rest, f"`{' '.join(argv)}` names no subcommand"
-        sub = command.get_command(parent, rest[0])
+    parent = None
+    while True:
+        named = not _is_group(command) or rest or command.invoke_without_command
+        assert named, f"`{' '.join(argv)}` names no subcommand"
+        context = command.make_context(path[-1] if path else "idempay", rest, parent=parent)
+        if not _is_group(command):
+            return " ".join(path), dict(context.params)
+        rest = _unparsed(context)
+        if not rest:  # a group that runs by itself (`idempay acquirer`)
+            return " ".join(path), dict(context.params)
+        sub = command.get_command(context, rest[0])
         assert sub is not None, f"`idempay {' '.join(path + rest[:1])}` is not a subcommand"
         path.append(rest.pop(0))
-        command = sub
-        if _is_group(command):
-            parent = command.make_context(path[-1], [], parent=parent, resilient_parsing=True)
-    context = command.make_context(path[-1], rest, parent=parent)
-    return " ".join(path), dict(context.params)
+        command, parent = sub, context

@@ -1,6 +1,6 @@
 """deploy/compose.yaml against the compose specification and against the app: real
-subcommands, the settings each process needs, one port, health checks, start order, and
-no secret committed."""
+subcommands, the settings each process needs, one port, health checks, start order, one
+acquirer for every process, and no secret committed."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import re
 import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -37,7 +38,11 @@ SUBCOMMANDS = {
     "relay": "relay",
     "completer": "completer",
     "audit-export": "export",
+    "acquirer-sim": "acquirer",
 }
+APP = {name for name in SUBCOMMANDS if name != "acquirer-sim"}  # idempay's own processes
+# The processes that talk to the acquirer (they build the app context: api/main.py).
+TALK_TO_THE_ACQUIRER = {"api-1", "api-2", "completer"}
 NEEDS_REDIS = {"api-1", "api-2", "relay", "completer"}
 Services = dict[str, dict[str, Any]]
 
@@ -97,7 +102,13 @@ def test_every_container_command_is_a_real_idempay_subcommand(
 def test_api_replicas_serve_on_8000_without_migrating(services: Services) -> None:
     for name in ("api-1", "api-2"):
         command, params = parse_idempay(compose_argv(services[name], ENTRYPOINT))
-        assert params == {"host": "0.0.0.0", "port": 8000, "workers": 2, "migrate_first": False}
+        assert params == {
+            "host": "0.0.0.0",
+            "port": 8000,
+            "workers": 2,
+            "migrate_first": False,
+            "allow_dev_secret": False,  # a real secret is supplied, never the development one
+        }
         assert services[name]["expose"] == ["8000"]
         check = " ".join(services[name]["healthcheck"]["test"])
         assert "http://127.0.0.1:8000/readyz" in check
@@ -105,7 +116,7 @@ def test_api_replicas_serve_on_8000_without_migrating(services: Services) -> Non
 
 def test_each_process_gets_the_settings_it_needs(services: Services) -> None:
     secret_keys = set()
-    for name in SUBCOMMANDS:
+    for name in sorted(APP):
         env = services[name]["environment"]
         assert env["IDEMPAY_DATABASE_URL"].startswith("postgresql+asyncpg://idempay:"), name
         assert env["IDEMPAY_SECRET_KEY"], name
@@ -124,7 +135,7 @@ def test_start_order_and_health_checks(services: Services) -> None:
     for name in ("api-1", "api-2", "relay", "completer", "audit-export"):
         depends = services[name]["depends_on"]
         assert depends["migrate"] == {"condition": "service_completed_successfully"}, name
-    for name in ("postgres", "redis", "api-1", "api-2", "proxy"):
+    for name in ("postgres", "redis", "api-1", "api-2", "proxy", "acquirer-sim"):
         assert services[name]["healthcheck"]["test"], name
     for name in ("migrate", "relay", "completer", "audit-export"):  # no HTTP port
         assert services[name]["healthcheck"] == {"disable": True}, name
@@ -147,8 +158,9 @@ def test_the_proxy_balances_over_both_replicas_on_their_port(services: Services)
 
 def test_named_volumes_hold_the_data(services: Services) -> None:
     volumes = compose_raw()["volumes"]
-    assert set(volumes) == {"pgdata", "lake"}
+    assert set(volumes) == {"pgdata", "lake", "acquirer"}
     assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
+    assert services["acquirer-sim"]["volumes"] == ["acquirer:/data"]
     assert "lake:/lake" in services["audit-export"]["volumes"]
     assert "lake:/lake" in services["audit"]["volumes"]
 
@@ -185,3 +197,55 @@ def test_the_api_trusts_x_forwarded_for_from_the_proxy_alone(services: Services)
         assert services[name]["environment"]["FORWARDED_ALLOW_IPS"] == proxy, name
     conf = (DEPLOY / "nginx" / "idempay.conf").read_text()
     assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in conf
+
+
+def _acquirer_sim(services: Services) -> dict[str, Any]:
+    """The acquirer-sim's parsed `idempay acquirer` parameters."""
+    command, params = parse_idempay(compose_argv(services["acquirer-sim"], ENTRYPOINT))
+    assert command == "acquirer"
+    return params
+
+
+def test_one_acquirer_sim_for_every_process(services: Services) -> None:
+    """Every process that builds the app context gets IDEMPAY_ACQUIRER_URL naming the
+    acquirer-sim's service and port: without it `idempay serve` would start a simulated host
+    of its own in each replica (the embedded default), each with books of its own. The
+    one-shot containers carry it too, so `run --rm migrate admin key fence …` reaches it."""
+    params = _acquirer_sim(services)
+    assert params["host"] == "0.0.0.0" and params["port"] == 8583
+    url = f"iso8583://acquirer-sim:{params['port']}"
+    for name in sorted(APP):
+        assert services[name]["environment"]["IDEMPAY_ACQUIRER_URL"] == url, name
+    parts = urlsplit(url)
+    assert parts.hostname in services and parts.port == params["port"]
+    assert services["acquirer-sim"]["expose"] == [str(params["port"])]
+    for name in sorted(TALK_TO_THE_ACQUIRER):
+        depends = services[name]["depends_on"]
+        assert depends["acquirer-sim"] == {"condition": "service_healthy"}, name
+
+
+def test_the_acquirer_sim_keeps_its_store_on_its_volume(services: Services) -> None:
+    store = PurePosixPath(_acquirer_sim(services)["store"])
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in services["acquirer-sim"]["volumes"]}
+    volume = mounts.get(str(store.parent))
+    assert volume in compose_raw()["volumes"], f"{store} is not on a named volume"
+    # The image makes the mount point the app user's, so the new volume is writable.
+    run = " ".join(dockerfile_stages(DEPLOY / "Dockerfile")[-1].all("RUN"))
+    assert f"install -d -o 10001 -g 10001 /lake {store.parent}" in run
+    # only one writer: never a replica count, never the API's port
+    assert "deploy" not in services["acquirer-sim"]
+    assert services["acquirer-sim"]["restart"] == "unless-stopped"
+
+
+def test_the_acquirer_sim_gets_no_secret_and_only_settings(services: Services) -> None:
+    env = services["acquirer-sim"]["environment"]
+    assert not {"IDEMPAY_DATABASE_URL", "IDEMPAY_SECRET_KEY", "IDEMPAY_REDIS_URL"} & set(env)
+    assert not {k for k in env if k.startswith("IDEMPAY_")} - SETTINGS_ENV
+
+
+def test_the_acquirer_sim_healthcheck_is_a_sign_on_on_its_port(services: Services) -> None:
+    port = _acquirer_sim(services)["port"]
+    test = services["acquirer-sim"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    assert f"sign_on({port})" in test[3]
+    assert "from api.acquirer.host.process import sign_on" in test[3]

@@ -9,12 +9,20 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import yaml
 
 from tests.deploy import kustomize
-from tests.deploy.manifests import DEPLOY, ROOT, compose_raw, render_local
+from tests.deploy.manifests import (
+    DEPLOY,
+    ROOT,
+    compose_raw,
+    idempay_cli,
+    parse_idempay,
+    render_local,
+)
 
 LOCAL = DEPLOY / "local"
 DEPLOY_TEST = LOCAL / "deploy_test.sh"
@@ -53,8 +61,30 @@ def test_scripts_parse() -> None:
         subprocess.run(["bash", "-n", str(script)], check=True)
 
 
-def _as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
-    """Runs argv as a user that is not root (the case `make test` must report, not pass)."""
+def _readable_copy(script: Path, into: Path) -> Path:
+    """deploy_test.sh and scripts/dockerd.sh copied to ``into`` as they lie in the checkout
+    (deploy_test.sh finds dockerd.sh by its own path), every folder 0755 and file 0755: the
+    checkout may live where another user cannot enter (a clone under a 0700 folder)."""
+    for path in (DEPLOY_TEST, DOCKERD):
+        copy = into / path.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copy)
+        copy.chmod(0o755)
+    for folder in [into, *(p for p in into.rglob("*") if p.is_dir())]:
+        folder.chmod(0o755)
+    blocked = [p for p in into.parents if not p.stat().st_mode & 0o001]
+    assert not blocked, f"{into}: other users cannot enter {blocked} (TMPDIR)"
+    return into / script.relative_to(ROOT)
+
+
+def _as_nobody(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs a copy of ``script`` as a user that is not root (the case `make test` must
+    report, not pass), from a temporary folder that user can read."""
+    with tempfile.TemporaryDirectory(prefix="idempay-as-nobody-") as into:
+        return _run_as_nobody(str(_readable_copy(script, Path(into))), *args)
+
+
+def _run_as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
     prefix: list[str] = []
     if os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
@@ -67,7 +97,7 @@ def _as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_where_it_cannot_run_make_test_says_why_in_one_line() -> None:
-    result = _as_nobody(str(DEPLOY_TEST), "--if-possible")
+    result = _as_nobody(DEPLOY_TEST, "--if-possible")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "deploy-test: NOT RUN on this machine: not root (dockerd and debootstrap need root)"
@@ -75,10 +105,10 @@ def test_where_it_cannot_run_make_test_says_why_in_one_line() -> None:
 
 
 def test_where_it_cannot_run_make_deploy_test_fails() -> None:
-    result = _as_nobody(str(DEPLOY_TEST))
+    result = _as_nobody(DEPLOY_TEST)
     assert result.returncode == 1
     assert "deploy-test: cannot run here: not root" in result.stderr
-    check = _as_nobody(str(DOCKERD), "check")
+    check = _as_nobody(DOCKERD, "check")
     assert check.returncode == 1
     assert check.stdout.strip() == "not root (dockerd and debootstrap need root)"
 
@@ -142,3 +172,36 @@ def test_base_root_file_systems_are_cached_outside_the_repository() -> None:
     script = (LOCAL / "build_base.sh").read_text()
     cache = re.search(r'cache="\$\{IDEMPAY_DEBOOTSTRAP_CACHE:-([^}]+)\}"', script)
     assert cache and not Path(cache.group(1)).is_relative_to(ROOT)
+
+
+def test_deploy_check_runs_the_acquirer_checks_on_the_acquirer_sims_store() -> None:
+    """The fleet's §8 checks include the acquirer's: deploy_check.sh hands `idempay simulate`
+    the acquirer-sim's store, read from its compose volume, checks that each acquirer-side
+    invariant was reported, or says in a line why it could not read the store."""
+    from idempay_tools.invariants import ACQUIRER_INVARIANTS
+
+    script = (LOCAL / "deploy_check.sh").read_text()
+    service = compose_raw()["services"]["acquirer-sim"]
+    (mount,) = service["volumes"]
+    volume, folder = mount.split(":")
+    store = service["command"][service["command"].index("--store") + 1]
+    assert store.startswith(f"{folder}/")
+    name = store.removeprefix(f"{folder}/")
+    assert f'"${{IDEMPAY_PROJECT}}_{volume}"' in script
+    assert f'acquirer_store=(--acquirer-store "$volume/{name}")' in script
+    assert '"${acquirer_store[@]}"' in script
+    assert "acquirer checks: SKIPPED:" in script
+    simulate = next(c for c in idempay_cli().commands.values() if c.name == "simulate")
+    assert "--acquirer-store" in {o for p in simulate.params for o in p.opts}
+    listed = re.search(r"for invariant in ((?:[^\n;]|\\\n)+);", script)
+    assert listed and tuple(listed.group(1).replace("\\\n", " ").split()) == ACQUIRER_INVARIANTS
+    # the acquirer-sim healthy, and the replicas on it rather than on a child host of their own
+    assert "{{.State.Health.Status}}" in script and "compose ps -q acquirer-sim" in script
+    assert '"acquirer iso8583://acquirer-sim:8583, workers"' in script
+    clearing = re.search(
+        r"compose exec -T acquirer-sim (idempay acquirer clearing (?:[^\n]|\\\n)*?) >", script
+    )
+    assert clearing
+    argv = clearing.group(1).replace("\\\n", " ").replace('"$day"', "2026-11-20").split()
+    command, params = parse_idempay(argv)
+    assert command == "acquirer clearing" and str(params["store"]) == store

@@ -1,6 +1,7 @@
 """deploy/k8s: both kustomizations render, every object passes the Kubernetes 1.37 schema
 (strict), and every workload runs a real `idempay` command with the settings it needs, on
-the port the probes and the Service use, unprivileged, and with no secret committed."""
+the port the probes and the Service use, unprivileged, all on the one acquirer-sim, and with
+no secret committed."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import copy
 import ipaddress
 import subprocess
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -42,7 +44,10 @@ WORKLOADS = {  # (kind, name, container) → idempay subcommand
     ("Deployment", "idempay-completer", "completer"): "completer",
     ("Job", "idempay-migrate", "migrate"): "migrate",
     ("CronJob", "idempay-daily-audit", "export"): "export",
+    ("Deployment", "idempay-acquirer-sim", "acquirer"): "acquirer",
 }
+ACQUIRER = ("Deployment", "idempay-acquirer-sim", "acquirer")
+APP = {workload: command for workload, command in WORKLOADS.items() if workload != ACQUIRER}
 NEEDS_REDIS = {"serve", "relay", "completer"}
 SECRET_KEYS = {"IDEMPAY_DATABASE_URL", "IDEMPAY_REDIS_URL", "IDEMPAY_SECRET_KEY"}
 RENDERS = {"base": render_base, "local": render_local}
@@ -111,7 +116,13 @@ def test_every_container_runs_a_real_idempay_subcommand(
         command, params = parse_idempay(argv)
         assert command == subcommand, name
         if command == "serve":
-            assert params == {"host": "0.0.0.0", "port": 8000, "workers": 2, "migrate_first": False}
+            assert params == {
+                "host": "0.0.0.0",
+                "port": 8000,
+                "workers": 2,
+                "migrate_first": False,
+                "allow_dev_secret": False,  # a real secret is supplied, never the development one
+            }
         if command == "export":
             assert params["day"] in _days() and str(params["lake_dir"]) == "/lake"
 
@@ -119,7 +130,7 @@ def test_every_container_runs_a_real_idempay_subcommand(
 def test_each_process_gets_the_settings_it_needs() -> None:
     assert set(EXTERNAL["idempay-secrets"]) >= SECRET_KEYS
     for docs in (render_base(), render_local()):
-        for (kind, name, container_name), subcommand in WORKLOADS.items():
+        for (kind, name, container_name), subcommand in APP.items():
             doc = find(docs, kind, name)
             spec = container(doc, container_name)
             refs = [s["secretRef"]["name"] for s in spec["envFrom"] if "secretRef" in s]
@@ -269,3 +280,84 @@ def test_the_api_trusts_x_forwarded_for_from_named_proxies_only() -> None:
             ipaddress.ip_network(part.strip()) for part in env["FORWARDED_ALLOW_IPS"].split(",")
         ]
         assert trusted and all(network.prefixlen >= 8 for network in trusted), trusted
+
+
+def _acquirer(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The acquirer-sim's Deployment, its container and its parsed `idempay acquirer`."""
+    kind, name, container_name = ACQUIRER
+    doc = find(docs, kind, name)
+    spec = container(doc, container_name)
+    command, params = parse_idempay(k8s_argv(spec, ENTRYPOINT))
+    assert command == "acquirer"
+    return doc, spec, params
+
+
+def test_every_process_talks_to_the_one_acquirer_sim(docs: list[dict[str, Any]]) -> None:
+    """IDEMPAY_ACQUIRER_URL names the acquirer-sim's Service, on a port that reaches the
+    host's listening port, for every idempay process (the API and the completer talk to the
+    acquirer; `kubectl exec … idempay admin key fence` in any pod does too): without it
+    `idempay serve` starts a simulated host inside each API pod."""
+    doc, spec, params = _acquirer(docs)
+    assert params["host"] == "0.0.0.0"
+    (port,) = spec["ports"]
+    assert port["containerPort"] == params["port"] and port["protocol"] == "TCP"
+    urls = set()
+    for kind, name, container_name in APP:
+        workload = find(docs, kind, name)
+        env = container_env(docs, workload, container(workload, container_name), external=EXTERNAL)
+        urls.add(env.get("IDEMPAY_ACQUIRER_URL"))
+    assert len(urls) == 1, urls
+    url = urlsplit(urls.pop() or "")
+    assert url.scheme == "iso8583" and url.hostname and url.port
+    service = find(docs, "Service", url.hostname)
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["port"] == url.port and service_port["targetPort"] == port["name"]
+    pod_labels = doc["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert doc["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    others = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment"
+        and d is not doc
+        and service["spec"]["selector"].items()
+        <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    assert not others, "the acquirer-sim Service selects other pods"
+
+
+def test_the_acquirer_sim_is_one_pod_with_its_store_on_a_claim(docs: list[dict[str, Any]]) -> None:
+    doc, spec, params = _acquirer(docs)
+    assert doc["spec"]["replicas"] == 1 and doc["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [
+        d
+        for d in docs
+        if d["kind"] == "HorizontalPodAutoscaler"
+        and d["spec"]["scaleTargetRef"]["name"] == doc["metadata"]["name"]
+    ]
+    store = PurePosixPath(params["store"])
+    mounts = {m["mountPath"]: m["name"] for m in spec["volumeMounts"]}
+    pod = kustomize.pod_spec(doc)
+    assert pod is not None
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    volume = volumes[mounts[str(store.parent)]]
+    claim = find(docs, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert pod["securityContext"]["fsGroup"] == 10001  # the claim is the app user's to write
+
+
+def test_the_acquirer_sim_gets_no_secret(docs: list[dict[str, Any]]) -> None:
+    doc, spec, _ = _acquirer(docs)
+    assert not [s for s in spec["envFrom"] if "secretRef" in s] and "env" not in spec
+    env = container_env(docs, doc, spec)
+    assert not SECRET_KEYS & set(env)
+    assert not {k for k in env if k.startswith("IDEMPAY_")} - SETTINGS_ENV
+
+
+def test_the_acquirer_sim_is_ready_on_a_sign_on(docs: list[dict[str, Any]]) -> None:
+    _, spec, params = _acquirer(docs)
+    command = spec["readinessProbe"]["exec"]["command"]
+    assert command[:2] == ["python", "-c"]
+    assert "from api.acquirer.host.process import sign_on" in command[2]
+    assert f"sign_on({params['port']})" in command[2]
+    assert spec["livenessProbe"]["tcpSocket"] == {"port": spec["ports"][0]["name"]}

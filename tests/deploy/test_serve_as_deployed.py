@@ -1,20 +1,27 @@
 """The API started exactly as the Deployment and the compose replicas start it — their
 command line and environment, read from the manifests — after the migration Job's command
-(the `deployed_db` fixture), on a private Postgres database and Redis prefix. Only the bind
-address and port change (127.0.0.1 and a free port instead of 0.0.0.0:8000), and only the
-database and Redis locations in the environment."""
+(the `deployed_db` fixture), on a private Postgres database and Redis prefix, talking to the
+acquirer-sim started as its Deployment and its compose service start it. Only the bind
+addresses and ports change (127.0.0.1 and free ports instead of 0.0.0.0:8000 and :8583), the
+acquirer's store path (a temporary folder instead of the volume at /data), and only the
+database, Redis and acquirer locations in the environment."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from api.acquirer.host import store as acquirer_store
 from idempay_tools.serve_process import free_port
 from tests.deploy.manifests import (
     DEPLOY,
@@ -69,6 +76,110 @@ def _compose() -> tuple[list[str], dict[str, str], dict[str, str]]:
 
 
 SOURCES = {"deployment": _deployment, "compose": _compose}
+DEPLOYED_ACQUIRER = [
+    "idempay",
+    "acquirer",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8583",
+    "--store",
+    "/data/acquirer.sqlite3",
+]
+
+
+def _acquirer_deployment() -> tuple[list[str], dict[str, str], list[str]]:
+    """The acquirer-sim container's command line, environment and readiness command."""
+    docs = render_local()
+    doc = find(docs, "Deployment", "idempay-acquirer-sim")
+    spec = container(doc, "acquirer")
+    base = container(find(render_base(), "Deployment", "idempay-acquirer-sim"), "acquirer")
+    assert k8s_argv(spec, ENTRYPOINT) == k8s_argv(base, ENTRYPOINT)
+    check = list(spec["readinessProbe"]["exec"]["command"])
+    return k8s_argv(spec, ENTRYPOINT), container_env(docs, doc, spec), check
+
+
+def _acquirer_compose() -> tuple[list[str], dict[str, str], list[str]]:
+    service = compose(COMPOSE_ENV)["services"]["acquirer-sim"]
+    test = list(service["healthcheck"]["test"])
+    assert test[0] == "CMD"
+    return compose_argv(service, ENTRYPOINT), dict(service["environment"]), test[1:]
+
+
+ACQUIRER_SOURCES = {"deployment": _acquirer_deployment, "compose": _acquirer_compose}
+
+
+@dataclass
+class Acquirer:
+    url: str
+    port: int
+    store: Path
+    check: list[str]  # the deployed health check, pointed at ``port``
+    env: dict[str, str]
+
+
+def _local_check(check: list[str], port: int) -> list[str]:
+    """The health check with the deployed port (8583) made the local one."""
+    assert sum(arg.count("sign_on(8583)") for arg in check) == 1, check
+    return [arg.replace("sign_on(8583)", f"sign_on({port})") for arg in check]
+
+
+@pytest.fixture
+def acquirer_sim(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Acquirer]:
+    """The acquirer-sim as deployed by the source ``request.param`` names (its command line
+    and environment), on a free loopback port with its store in a temporary folder; stopped
+    (SIGTERM) afterwards."""
+    argv, env, check = ACQUIRER_SOURCES[request.param]()
+    assert argv == DEPLOYED_ACQUIRER
+    port = free_port()
+    store = tmp_path / "acquirer-data" / "acquirer.sqlite3"
+    store.parent.mkdir()
+    local = _local(argv, port)
+    local[local.index("--store") + 1] = str(store)
+    run_env = {**clean_environ(), **image_env(), **env}
+    log = tmp_path / "acquirer.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            local,
+            env=run_env,
+            cwd=empty_workdir(tmp_path),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        listening = eventually(
+            lambda: re.search(r"listening on (iso8583://\S+)", log.read_text()),
+            until=lambda found: found is not None or proc.poll() is not None,
+            what="the acquirer-sim to listen",
+            timeout=60,
+            interval=0.1,
+        )
+        assert proc.poll() is None and listening, log.read_text()[-3000:]
+        assert listening.group(1) == f"iso8583://127.0.0.1:{port}"
+        yield Acquirer(listening.group(1), port, store, _local_check(check, port), run_env)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.parametrize("acquirer_sim", sorted(ACQUIRER_SOURCES), indirect=True)
+def test_the_acquirer_sim_health_check_is_a_real_sign_on(
+    acquirer_sim: Acquirer, tmp_path: Path
+) -> None:
+    """The deployed check passes on the running host and fails where nothing answers."""
+
+    def check(argv: list[str]) -> int:
+        workdir = empty_workdir(tmp_path)
+        done = subprocess.run(argv, env=acquirer_sim.env, cwd=workdir, timeout=30, check=False)
+        return done.returncode
+
+    assert check(acquirer_sim.check) == 0
+    assert acquirer_store.messages(acquirer_sim.store)[-1]["mti"] == "0800"
+    deployed = [
+        arg.replace(f"sign_on({acquirer_sim.port})", "sign_on(8583)") for arg in acquirer_sim.check
+    ]
+    assert check(_local_check(deployed, free_port())) == 1
 
 
 def _local(argv: list[str], port: int) -> list[str]:
@@ -110,14 +221,38 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
-@pytest.mark.parametrize("source", sorted(SOURCES))
+def _create_key(env: dict[str, str], tmp_path: Path) -> str:
+    merchant = f"deploy-{uuid.uuid4().hex[:12]}"
+    result = subprocess.run(
+        ["idempay", "admin", "create-key", "--merchant", merchant],
+        env=env,
+        cwd=empty_workdir(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("source", "acquirer_sim"), [(s, s) for s in sorted(SOURCES)], indirect=["acquirer_sim"]
+)
 def test_api_reaches_ready_as_deployed(
-    source: str, deployed_db: str, redis_prefix: str, tmp_path: Path
+    source: str, deployed_db: str, redis_prefix: str, tmp_path: Path, acquirer_sim: Acquirer
 ) -> None:
     argv, env, probes = SOURCES[source]()
     assert argv == DEPLOYED
+    assert env["IDEMPAY_ACQUIRER_URL"] == "iso8583://acquirer-sim:8583"
     port = free_port()
-    run_env = {**clean_environ(), **image_env(), **env, **overrides(deployed_db, redis_prefix)}
+    run_env = {
+        **clean_environ(),
+        **image_env(),
+        **env,
+        **overrides(deployed_db, redis_prefix),
+        "IDEMPAY_ACQUIRER_URL": acquirer_sim.url,
+    }
     log = tmp_path / "server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -136,6 +271,26 @@ def test_api_reaches_ready_as_deployed(
         assert httpx.get(f"{base}{probes['liveness']}", timeout=2.0).json() == {"status": "ok"}
         metrics = httpx.get(f"{base}/metrics", timeout=2.0)
         assert metrics.status_code == 200 and "idempay_requests_total" in metrics.text
+        # On the acquirer-sim, never a simulated host of its own (the embedded default).
+        assert f"acquirer {acquirer_sim.url}, workers 2" in log.read_text()
+        created = httpx.post(
+            f"{base}/v1/transactions",
+            headers={
+                "Authorization": f"Bearer {_create_key(run_env, tmp_path)}",
+                "Idempotency-Key": str(uuid.uuid4()),
+            },
+            json={
+                "terminal_id": "T-DEPLOY",
+                "amount": 1250,
+                "currency": "BRL",
+                "card": {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"},
+            },
+            timeout=30.0,
+        )
+        assert created.status_code == 201, created.text
+        assert created.json()["status"] == "approved"
+        (held,) = acquirer_store.summary(acquirer_sim.store).values()
+        assert (held.requests, held.approved, held.amount) == (1, True, 1250)
     finally:
         _stop(proc)
     assert proc.returncode == 0, log.read_text()[-3000:]

@@ -27,9 +27,20 @@ def test_demo_shows_a_week_and_its_link_loss_agrees_with_the_proxy(tmp_path: Pat
     argv = [sys.executable, "-m", "idempay_tools", "demo", "--workdir", str(workdir)]
     argv += ["--terminals", "3", "--payments", "30", "--loss", "0.1"]
     today = datetime.now(UTC).date()
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out
+    # Twice in a row: each run has a folder of its own (database, journals, lake, report),
+    # so the second neither reads the first's keys nor touches what `idempay serve` uses.
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out
+        runs.append(re.search(r"this run's folder: (\S+)", out))
+    first_run, second_run = (Path(m.group(1)) for m in runs if m is not None)
+    assert first_run != second_run and first_run.is_dir()
+    assert (workdir / "latest").resolve() == second_run.resolve()
+    assert not (tmp_path / "var" / "idempay.db").exists()  # serve's embedded database
+    assert re.search(r"time: \d+ s \(fleet \d+ s, lake \d+ s, audit \d+ s, checks \d+ s\)", out)
+    workdir = workdir / "latest"
 
     # Seven days: six synthesized, then the fleet's (the day after, if the run crossed
     # midnight, as an eighth).
@@ -53,3 +64,10 @@ def test_demo_shows_a_week_and_its_link_loss_agrees_with_the_proxy(tmp_path: Pat
     lost, forwarded, unseen, received = map(int, link.groups())
     assert lost >= 1 and (unseen, received) == (lost, forwarded), out
     assert "link loss: agree" in out
+    # The acquirer host ran as a process of its own; its store agrees with the database.
+    assert "acquirer host iso8583://127.0.0.1:" in out
+    assert re.search(r"the acquirer agrees: \d+ 0200s for \d+ RRNs", out), out
+    for name in ("acquirer_one_0200_per_key", "acquirer_advice_drained",
+                 "acquirer_net_approvals", "acquirer_timeout_advised"):  # fmt: skip
+        assert re.search(rf"invariant {name}\s*\W+\s*ok", out), name
+    assert (workdir / "terminals" / "acquirer" / "acquirer.sqlite3").is_file()

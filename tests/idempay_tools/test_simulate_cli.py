@@ -93,6 +93,27 @@ def assert_clean(run: Run, *, payments: int) -> None:
     assert run.count("faults injected") > 0
     assert "all invariants hold" in run.out
     assert "FAIL" not in run.out
+    assert_settled(run)
+
+
+def assert_settled(run: Run) -> None:
+    """Issue 32: the acquirer's clearing files of the run's days, landed in the run's lake
+    and reconciled (DuckDB reference) after the drain: no exception, and every approved
+    transaction of the merchant matched."""
+    settled = re.search(
+        r"settlement against the acquirer's clearing: ([\d,]+) matched over (\d+) days, "
+        r"(\d+) exceptions — approved transactions ([\d,]+), ([\d,]+) clearing records",
+        run.out,
+    )
+    assert settled, run.out
+    matched, days, exceptions, approved, records = (
+        int(g.replace(",", "")) for g in settled.groups()
+    )
+    assert exceptions == 0 and days >= 1, run.out
+    assert matched == approved == run.count("approved transactions") > 0, run.out
+    assert records >= matched
+    assert run.row("invariant settlement_exceptions") == "ok"
+    assert run.row("invariant settlement_matched") == "ok"
 
 
 def test_simulate_through_the_chaos_proxy_on_postgres(database: str, tmp_path: Path) -> None:

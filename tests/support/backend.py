@@ -19,8 +19,9 @@ from tests.support.services import Server
 
 # Fast issuer timings so every path of contract §2 is reachable in seconds.
 FAST_ENV = {
-    "IDEMPAY_ISSUER_TIMEOUT": "1.5",
-    "IDEMPAY_ISSUER_SLOW_SECONDS": "0.8",
+    "IDEMPAY_ANSWER_WITHIN": "1.5",
+    "IDEMPAY_ACQUIRER_SLOW_SECONDS": "0.8",
+    "IDEMPAY_ACQUIRER_TIMEOUT": "3",
     "IDEMPAY_ISSUER_DEADLINE": "6",
     "IDEMPAY_LEASE_SECONDS": "3",
     "IDEMPAY_COMPLETER_INTERVAL": "0.3",
@@ -28,7 +29,7 @@ FAST_ENV = {
     "IDEMPAY_RATE_LIMIT_TERMINAL": "100000/second",
     "IDEMPAY_AUTH_FAILURE_LIMIT": "100000/minute",  # tests/api/security sets a low one
     "IDEMPAY_EVENT_FLUSH_INTERVAL": "0.05",
-    "IDEMPAY_DB_POOL_SIZE": "8",  # Postgres is shared: keep max_connections for others
+    "IDEMPAY_DB_POOL_SIZE": "6",  # Postgres is shared (max_connections 100) by 3 test workers
 }
 
 

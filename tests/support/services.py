@@ -11,11 +11,11 @@ from pathlib import Path
 from idempay_tools.private_services import (
     PG_ADMIN,
     PrivateRedis,
-    create_database,
     drop_database,
     pg_url,
 )
-from idempay_tools.serve_process import ServerProcess
+from idempay_tools.private_services import create_database as _create_database
+from idempay_tools.serve_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RedisServer = PrivateRedis  # a redis-server of the test's own
@@ -29,7 +29,23 @@ __all__ = [
     "drop_database",
     "pg_url",
     "shared_redis_prefix",
+    "worker_tag",
 ]
+
+
+def worker_tag() -> str:
+    """This pytest process's name in a parallel run (``gw0``, ``gw1``…; ``main`` alone).
+
+    Every name a test makes on a shared service (a database on the machine's PostgreSQL, a
+    key prefix on its Redis) carries it next to the process id and a random part, so the
+    parallel workers of one run, and other runs on the machine, never meet."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def create_database(prefix: str = "idempay_t") -> str:
+    """A new empty database on the shared PostgreSQL, private to this worker:
+    ``<prefix>_<worker>_<pid>_<hex>``."""
+    return _create_database(f"{prefix}_{worker_tag()}")
 
 
 class Server(ServerProcess):
@@ -38,10 +54,22 @@ class Server(ServerProcess):
     def __init__(self, env: Mapping[str, str], log_path: Path, *, workers: int = 1) -> None:
         super().__init__(env, log_path, workers=workers, cwd=ROOT)
 
+    def start(self, *, timeout: float = 60.0) -> Server:
+        """As ``ServerProcess.start``, on a new free port if the one picked was taken
+        between ``free_port()`` and uvicorn's bind (another process of a parallel run)."""
+        for attempt in range(3):
+            try:
+                return super().start(timeout=timeout)
+            except RuntimeError as exc:
+                if attempt == 2 or "address already in use" not in str(exc).lower():
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
 
 def shared_redis_prefix() -> str:
     """A key prefix private to this test run on the machine's shared Redis."""
-    return f"idempay-test-{os.getpid()}-{uuid.uuid4().hex[:6]}:"
+    return f"idempay-test-{worker_tag()}-{os.getpid()}-{uuid.uuid4().hex[:6]}:"
 
 
 def clean_redis_prefix(url: str, prefix: str) -> None:

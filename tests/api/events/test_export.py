@@ -19,6 +19,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from api.acquirer.messages import rrn_for
 from api.models import RequestEvent
 from tests.support.backend import Backend
 from tests.support.client import Api, body, card, new_key
@@ -59,6 +60,10 @@ CONTRACT = {
         ("offline", "bool"),
         ("captured_at", "timestamp[us, tz=UTC]"),
         ("duplicate_override", "bool"),
+        # lake schema 3: the settlement reconciliation's inputs (contract §5.1)
+        ("rrn", "string"),
+        ("authorization_code", "string"),
+        ("decline_reason", "string"),
     ],
     "ledger_entries": [
         ("entry_id", "string"),
@@ -206,6 +211,14 @@ def _export_round_trip(backend: Backend, url: str, lake: Path) -> None:
         fingerprint,
         fingerprint,
     ]
+    # each row's retrieval reference is its (merchant, key)'s at the acquirer; an approval
+    # keeps its code when reversed; a decline carries its reason and no code
+    for t in transactions:
+        assert t["rrn"] == rrn_for(DEV_SECRET, t["merchant_id"], t["transaction_id"]), t
+        if t["status"] == "declined":
+            assert (t["authorization_code"], t["decline_reason"]) == (None, "insufficient_funds")
+        else:
+            assert t["authorization_code"] and t["decline_reason"] is None, t
     entries = _mine(_read(lake, "ledger_entries", today), mine)
     assert sorted((e["merchant_id"] == merchant_b, e["kind"], e["amount"]) for e in entries) == [
         (False, "charge", 1250),

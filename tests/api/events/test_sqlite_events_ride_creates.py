@@ -1,9 +1,8 @@
-"""On the embedded SQLite, request events are written by the creates' writer thread, in its
-next batch — one transaction and one fsync with the creates beside it — instead of a
-``BEGIN IMMEDIATE`` of their own that queued with the creates on the database's write lock
-(issue 13, goal 4's p99). What must hold: each event lands once (a flush retried after an
-error too), a failing flush undoes only itself (never a create beside it) and is put back by
-the event writer, and nothing is answered before its commit."""
+"""On the embedded SQLite, request events are written by the hot path's writer thread
+(``api.transactions.sqlite_create``), the flushes queued at one moment in one batch — one
+transaction and one fsync. What must hold: each event lands once (a flush retried after an
+error too), a failing flush undoes only itself (never another flush beside it) and is put
+back by the event writer, and nothing is answered before its commit."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import pytest
 
 from api.db import create_engine
 from api.events.writer import COLUMNS, Event, EventWriter, RequestOutcome
-from api.transactions.inline import StorageUnavailableError
+from api.storage_errors import StorageUnavailableError
 from api.transactions.sqlite_create import SqliteInline
 from tests.support.backend import Backend
 

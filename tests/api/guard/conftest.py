@@ -1,8 +1,9 @@
 """The duplicate guard's fixtures: the real app (``create_app``: lifespan, lean create route,
-one-write writers, completer, event writer) in process over ``httpx.ASGITransport``, on each
-backend — an embedded SQLite file, and a private Postgres database. Each test makes its own
-merchant and sets its guard before the merchant's first request (the setting comes with the
-API key, cached a minute per process)."""
+the hot path's key reads, completer, advice worker, event writer) in process over
+``httpx.ASGITransport``, on each backend — an embedded SQLite file, and a private Postgres
+database — with the simulated acquirer host the app spawns as its child (its store in the
+app's var dir). Each test makes its own merchant and sets its guard before the merchant's
+first request (the setting comes with the API key, cached a minute per process)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import text
 
+from api.acquirer.host import store as acquirer_store
 from api.auth import create_api_key
 from api.config import Settings
 from api.migrate import migrate
@@ -76,20 +78,26 @@ class Merchant:
         return rows[0] if rows else None
 
     async def stored(self, key: str) -> dict[str, int]:
-        """What exists under ``key``: key row, transaction, ledger entries, issuer records."""
-        service = self.app.state.ctx.service
-        issuer_key = service.issuer_key(await self.merchant_id(), key)
+        """What exists under ``key``: key row, transaction, ledger entries, outbox events,
+        reversal advices, and 0200s the acquirer received for the key's RRN (the app's child
+        host: its store in the app's var dir)."""
         counts = {}
         for name, statement in {
             "key": "SELECT count(*) FROM idempotency_key WHERE key = :k",
             "transaction": 'SELECT count(*) FROM "transaction" WHERE id = :k',
             "ledger": "SELECT count(*) FROM ledger_entry WHERE transaction_id = :k",
-            "issuer": "SELECT count(*) FROM issuer_authorization WHERE issuer_key = :i",
             "outbox": "SELECT count(*) FROM outbox_event WHERE transaction_id = :k",
+            "advice": "SELECT count(*) FROM acquirer_advice WHERE key = :k",
         }.items():
-            rows = await self.sql(statement, k=key, i=issuer_key)
+            rows = await self.sql(statement, k=key)
             counts[name] = int(rows[0][0])
+        rrn = self.app.state.ctx.service.rrn(await self.merchant_id(), key)
+        at_acquirer = acquirer_store.summary(self.acquirer_store()).get(rrn)
+        counts["acquirer"] = 0 if at_acquirer is None else at_acquirer.requests
         return counts
+
+    def acquirer_store(self) -> Path:
+        return Path(self.app.state.ctx.settings.var_dir) / "acquirer.sqlite3"
 
     async def create_events(self, key: str, count: int = 1) -> list[tuple[str, int]]:
         """(outcome, http_status) of the key's create request events, once ``count`` of
@@ -124,8 +132,9 @@ def guard_settings(
         database_url=pg_url(name) if name else None,
         var_dir=var,
         redis_url=None,
-        issuer_slow_seconds=0.2,
-        issuer_timeout=1.0,
+        acquirer_slow_seconds=0.2,
+        answer_within=1.0,
+        acquirer_timeout=2.0,  # a claim's lease: 2 + 1 s
         lease_seconds=1.0,
         completer_interval=0.2,
         rate_limit="100000/second",

@@ -1,24 +1,29 @@
 """The duplicate guard at the counter (issue 17, part 3; contract §2.2), on SQLite and on
-Postgres: off, on, overridden; what it never blocks; the general path (Citus's) and the
-phased path (a slow issuer); two new keys racing for the same sale."""
+Postgres: off, on, overridden; what it never blocks; the check in the claim's transaction,
+before the 0200 leaves (a slow acquirer, a key the completer settles); new keys racing for
+the same sale; what the check costs."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from api.db import utcnow
+from api.events.writer import RequestOutcome
 from api.models import Transaction
 from api.transactions.guard import Guard, find_suspect, lock_key, set_window
+from api.transactions.outcome import Outcome
 from tests.api.guard.conftest import Merchant, new_key, new_merchant
 from tests.support.client import assert_problem, body, card
+from tests.support.eventually import eventually_async
 
 OVERRIDE = {"allow_duplicate": True}
 
@@ -37,8 +42,9 @@ async def nothing_stored(merchant: Merchant, key: str) -> None:
         "key": 0,
         "transaction": 0,
         "ledger": 0,
-        "issuer": 0,  # the issuer was never asked
         "outbox": 0,
+        "advice": 0,
+        "acquirer": 0,  # the acquirer was never asked: no 0200 for the key's RRN
     }
     lookup = await merchant.lookup(key)
     assert lookup.status_code == 404
@@ -78,8 +84,9 @@ async def test_the_cashier_overrides_with_the_same_key(guarded: Merchant) -> Non
         "key": 1,
         "transaction": 1,
         "ledger": 1,
-        "issuer": 1,
         "outbox": 1,
+        "advice": 0,
+        "acquirer": 1,  # exactly one 0200
     }
     # replays of the overridden key: with or without allow_duplicate (not in the fingerprint)
     for again in (body(metadata={"till": 3}, **OVERRIDE), body(metadata={"till": 3})):
@@ -214,14 +221,15 @@ async def test_a_setting_changes_with_the_next_key_load(
     assert (await merchant.create(new_key())).status_code == 201
 
 
-# -------------------------------------------------------------- the other paths
+# -------------------------------------------------------------- the claim path
 
 
 async def test_the_general_path_guards_too(
     guarded: Merchant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the one-write writer (as on Citus): the check in the transaction that
-    inserts the key, before the issuer."""
+    """Without the hot path's key reader (as for an in-memory SQLite: every read through
+    SQLAlchemy): the check is the same, in the transaction that claims the key, before the
+    0200 leaves."""
     monkeypatch.setattr(guarded.app.state.ctx.service, "inline", None)
     first, second = new_key(), new_key()
     assert (await guarded.create(first)).status_code == 201
@@ -236,54 +244,80 @@ async def test_a_slow_issuers_sale_is_checked_at_its_claim(guarded: Merchant) ->
     first, second, third = new_key(), new_key(), new_key()
     assert (await guarded.create(first, slow)).status_code == 201
     blocked(await guarded.create(second, slow), first)
-    await nothing_stored(guarded, second)  # the claim was undone; the issuer never asked
+    await nothing_stored(guarded, second)  # the claim was undone; the acquirer never asked
     overridden = await guarded.create(second, {**slow, **OVERRIDE})
     assert overridden.status_code == 201, overridden.text
     assert bool((await guarded.transaction(second))[1])
     blocked(await guarded.create(third, slow), second)
 
 
-async def test_an_override_the_completer_finishes_keeps_its_flag(guarded: Merchant) -> None:
-    """tok_issuer_timeout misses the first call: the create answers 202 and the server
-    finishes the key from the request stored at the claim — which records the override."""
-    timeout = body(card=card("tok_issuer_timeout"))
+async def test_an_override_the_completer_finishes_keeps_its_flag(
+    guarded: Merchant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overridden key's process dies right after its claim (its 0200 may or may not have
+    left): the create answered 202, and once the lease runs out the completer settles the key
+    from the request stored at the claim — declined / acquirer_timeout, its 0420 reversal
+    advice queued and acknowledged, never a 0200 of its own — and that request records the
+    override."""
     first, second = new_key(), new_key()
-    assert (await guarded.create(first, timeout)).status_code in (201, 202)
-    settled = await _settled(guarded, first)
-    assert settled["status"] == "approved"
-    blocked(await guarded.create(second, timeout), first)
-    response = await guarded.create(second, {**timeout, **OVERRIDE})
+    assert (await guarded.create(first)).status_code == 201
+    blocked(await guarded.create(second), first)
+    service = guarded.app.state.ctx.service
+
+    async def dies_after_the_claim(merchant_id: str, key: str, payload: Any, **_: Any) -> Outcome:
+        outcome: Outcome = service.processing(key, payload.terminal_id, RequestOutcome.CREATED)
+        return outcome
+
+    monkeypatch.setattr(service, "drive", dies_after_the_claim)
+    response = await guarded.create(second, body(**OVERRIDE))
     assert response.status_code == 202, response.text
-    assert (await _settled(guarded, second))["status"] == "approved"
-    assert bool((await guarded.transaction(second))[1])
+    monkeypatch.undo()
+    settled = await _settled(guarded, second, within=60)
+    assert (settled["status"], settled["decline_reason"]) == ("declined", "acquirer_timeout")
+    assert bool((await guarded.transaction(second))[1])  # from the stored request
+
+    async def advices() -> list[Any]:
+        return await guarded.sql(
+            "SELECT kind, acknowledged_at FROM acquirer_advice WHERE key = :k", k=second
+        )
+
+    rows: list[Any] = await eventually_async(
+        advices,
+        what="the settlement's reversal advice acknowledged",
+        until=lambda rows: len(rows) == 1 and rows[0][1] is not None,
+        timeout=30,
+    )
+    assert rows[0][0] == "timeout"
+    assert (await guarded.stored(second))["acquirer"] == 0  # the completer sent no 0200
 
 
-async def _settled(merchant: Merchant, key: str) -> dict[str, Any]:
-    for _ in range(200):
-        response = await merchant.lookup(key)
-        if response.status_code == 200:
-            return dict(response.json())
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{key} did not settle")
+async def _settled(merchant: Merchant, key: str, *, within: float = 10) -> dict[str, Any]:
+    async def lookup() -> httpx.Response:
+        return await merchant.lookup(key)
+
+    response: httpx.Response = await eventually_async(
+        lookup,
+        what=f"{key} settled",
+        until=lambda r: r.status_code == 200,
+        timeout=within,
+    )
+    return dict(response.json())
 
 
 # -------------------------------------------------------------- racing keys
 
 
-@pytest.mark.parametrize("path", ["one-write", "general"])
-async def test_new_keys_racing_for_one_sale_charge_once(
-    guarded: Merchant, monkeypatch: pytest.MonkeyPatch, path: str
-) -> None:
-    if path == "general":
-        monkeypatch.setattr(guarded.app.state.ctx.service, "inline", None)
+async def test_new_keys_racing_for_one_sale_charge_once(guarded: Merchant) -> None:
+    """New keys racing for a sale already approved: every one is refused, each naming it —
+    the sale is charged once."""
+    first = new_key()
+    assert (await guarded.create(first)).status_code == 201
     keys = [new_key() for _ in range(8)]
     responses = await asyncio.gather(*(guarded.create(key) for key in keys))
-    statuses = sorted(response.status_code for response in responses)
-    assert statuses == [201] + [409] * 7, [r.text for r in responses]
-    (winner,) = [key for key, r in zip(keys, responses, strict=True) if r.status_code == 201]
-    for key, response in zip(keys, responses, strict=True):
-        if key != winner:
-            blocked(response, winner)
+    for response in responses:
+        blocked(response, first)
+    for key in keys:
+        await nothing_stored(guarded, key)
     rows = await guarded.sql(
         'SELECT count(*) FROM "transaction" WHERE merchant_id = :m',
         m=await guarded.merchant_id(),
@@ -291,9 +325,35 @@ async def test_new_keys_racing_for_one_sale_charge_once(
     assert rows[0][0] == 1
 
 
+async def test_new_keys_racing_while_none_is_approved_yet(guarded: Merchant) -> None:
+    """Contract §2.2: the guard orders the claims, not the sales — a sale is invisible to it
+    until its transaction is written, after the acquirer's answer, so new keys claimed while
+    another is still at the acquirer are not blocked by it. What holds: each key is either
+    charged (201, one 0200, one approved transaction) or refused naming an approved sale of
+    the race, with nothing stored; at least one is charged."""
+    keys = [new_key() for _ in range(8)]
+    responses = await asyncio.gather(*(guarded.create(key) for key in keys))
+    charged = [key for key, r in zip(keys, responses, strict=True) if r.status_code == 201]
+    assert charged, [r.text for r in responses]
+    for key, response in zip(keys, responses, strict=True):
+        if key in charged:
+            assert response.json()["status"] == "approved"
+            assert (await guarded.stored(key))["acquirer"] == 1
+        else:
+            problem = assert_problem(response, 409, "suspected_duplicate")
+            blocked(response, problem["duplicate_of"])
+            assert problem["duplicate_of"] in charged
+            await nothing_stored(guarded, key)
+    rows = await guarded.sql(
+        'SELECT count(*) FROM "transaction" WHERE merchant_id = :m',
+        m=await guarded.merchant_id(),
+    )
+    assert rows[0][0] == len(charged)
+
+
 async def test_the_window_is_inclusive_at_both_ends(guarded: Merchant) -> None:
     """The probe itself, at the window's edges (to the microsecond), on both backends —
-    and on Postgres the one-write statement's function too."""
+    and on Postgres migration 0010's SQL function too (no create calls it any more)."""
     first = new_key()
     assert (await guarded.create(first)).status_code == 201
     ctx = guarded.app.state.ctx
@@ -357,63 +417,78 @@ async def test_the_window_is_inclusive_at_both_ends(guarded: Merchant) -> None:
 
 
 async def test_the_guard_off_costs_no_statement_and_on_costs_no_round_trip(
-    app: FastAPI, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+    app: FastAPI, http: httpx.AsyncClient
 ) -> None:
-    """Every write of a one-write create, recorded: off, the statement it always was (one
-    round trip; on Postgres with group commit, its batch's one statement); on, one statement
-    still — the check is inside it."""
-    inline = app.state.ctx.service.inline
-    seen: list[Any] = []
-    if app.state.ctx.engine.dialect.name == "postgresql":
-        from api.transactions import pg_create
+    """Every statement of a create's database transactions, recorded: off, the claim's
+    transaction runs no statement of the guard; on, the claim's transaction is the very
+    statements of before plus the guard's (the advisory lock on Postgres, the probe), all
+    before the key's INSERT — inside it, not a transaction or round trip to the database of
+    its own — and the create opens no more transactions than with the guard off."""
+    engine = app.state.ctx.engine.sync_engine
+    postgres = engine.dialect.name == "postgresql"
+    open_: dict[int, list[str]] = {}
+    done: list[list[str]] = []
 
-        real_call = inline._call
+    def begin(conn: Any) -> None:
+        open_[id(conn)] = []
 
-        async def call(method: str, statement: str, *args: Any) -> Any:
-            seen.append(statement)
-            return await real_call(method, statement, *args)
+    def statement(conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
+        if id(conn) in open_:
+            open_[id(conn)].append(f"{sql}\x00{params!r}")
 
-        monkeypatch.setattr(inline, "_call", call)
-        plain, guarded_kind = pg_create.CREATE, pg_create.CREATE_GUARDED
-        if inline.group is not None:  # group commit: the unguarded create rides a batch
-            from api.transactions import pg_group
+    def end(conn: Any) -> None:
+        if (statements := open_.pop(id(conn), None)) is not None:
+            done.append(statements)
 
-            real_send = inline.group._send
+    def transactions_of(key: str) -> list[list[str]]:
+        """The committed transactions whose statements name ``key``, without parameters."""
+        return [
+            [recorded.split("\x00")[0] for recorded in statements]
+            for statements in done
+            if any(key in recorded for recorded in statements)
+        ]
 
-            async def send(batch: Any) -> None:
-                seen.append(pg_group.CREATE_MANY)  # one statement per batch
-                await real_send(batch)
-
-            monkeypatch.setattr(inline.group, "_send", send)
-            plain = pg_group.CREATE_MANY
-    else:
-        from api.transactions import sqlite_create
-
-        real_submit = inline.writer.submit
-
-        async def submit(job: Any) -> Any:
-            if not isinstance(job, sqlite_create.EventRows):  # request events ride it too
-                seen.append(job)
-            return await real_submit(job)
-
-        monkeypatch.setattr(inline.writer, "submit", submit)
-        plain, guarded_kind = list, sqlite_create.GuardedWork
+    def is_guard(sql: str) -> bool:
+        probe = sql.lstrip().upper().startswith("SELECT") and "card_fingerprint" in sql
+        return probe or "pg_advisory_xact_lock" in sql
 
     off = await new_merchant(app, http, None)
     on = await new_merchant(app, http, 120)
     for merchant in (off, on):
         assert (await merchant.create(new_key())).status_code == 201  # loads the API key
-    seen.clear()
-    assert (await off.create(new_key(), body(terminal_id="T-cost"))).status_code == 201
-    assert len(seen) == 1
-    if isinstance(plain, str):
-        assert seen[0] == plain
-    else:
-        assert type(seen[0]) is plain  # the very statements of before: a plain list
-    seen.clear()
-    assert (await on.create(new_key(), body(terminal_id="T-cost"))).status_code == 201
-    assert len(seen) == 1
-    if isinstance(guarded_kind, str):
-        assert seen[0] == guarded_kind
-    else:
-        assert isinstance(seen[0], guarded_kind)
+    listeners: dict[str, Callable[..., None]] = {
+        "begin": begin,
+        "before_cursor_execute": statement,
+        "commit": end,
+    }
+    for name, listener in listeners.items():
+        event.listen(engine, name, listener)
+    try:
+        off_key, on_key = new_key(), new_key()
+        assert (await off.create(off_key, body(terminal_id="T-cost"))).status_code == 201
+        assert (await on.create(on_key, body(terminal_id="T-cost"))).status_code == 201
+    finally:
+        for name, listener in listeners.items():
+            event.remove(engine, name, listener)
+
+    def claim(transactions: list[list[str]]) -> list[str]:
+        (found,) = [t for t in transactions if any(_inserts_the_key(sql) for sql in t)]
+        return found
+
+    off_txns, on_txns = transactions_of(off_key), transactions_of(on_key)
+    assert not any(is_guard(sql) for txn in off_txns for sql in txn), off_txns
+    assert len(on_txns) == len(off_txns), (off_txns, on_txns)  # no transaction of its own
+    on_claim = claim(on_txns)
+    guard = [sql for sql in on_claim if is_guard(sql)]
+    assert len(guard) == (2 if postgres else 1), on_claim  # lock (Postgres), then the probe
+    if postgres:
+        assert "pg_advisory_xact_lock" in guard[0]
+    inserted = next(i for i, sql in enumerate(on_claim) if _inserts_the_key(sql))
+    assert all(on_claim.index(sql) < inserted for sql in guard)  # before the claim's INSERT
+    assert [sql for sql in on_claim if not is_guard(sql)] == claim(off_txns)
+    others = [txn for txn in on_txns if txn is not on_claim]
+    assert not any(is_guard(sql) for txn in others for sql in txn)
+
+
+def _inserts_the_key(sql: str) -> bool:
+    return sql.lstrip().upper().startswith("INSERT") and "idempotency_key" in sql

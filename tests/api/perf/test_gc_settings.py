@@ -1,7 +1,7 @@
-"""Start-up GC settings (api/main.py ``settle_heap``; docs/benchmarks.md, "Session 7"): a full
-collection walked the whole start-up heap (~136,000 objects) and paused the event loop
-100–600 ms under load — the create's longest stalls. ``IDEMPAY_GC_FREEZE`` (on by default)
-freezes what is alive once the lifespan has started and thaws it at shutdown;
+"""Start-up GC settings (api/main.py ``settle_heap``; docs/benchmarks.md, "Frozen start-up
+heap"): a full collection walked the whole start-up heap (~136,000 objects) and paused the
+event loop 100–600 ms under load — the create's longest stalls. ``IDEMPAY_GC_FREEZE`` (on by
+default) freezes what is alive once the lifespan has started and thaws it at shutdown;
 ``IDEMPAY_GC_THRESHOLD`` is set when given; ``IDEMPAY_SWITCH_INTERVAL`` when given, else
 0.5 ms on the embedded SQLite (its writer thread and the event loop share the GIL)."""
 

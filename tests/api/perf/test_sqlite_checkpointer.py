@@ -1,10 +1,10 @@
 """The SQLite writer's connection settings and its checkpointer thread
-(api/transactions/sqlite_create.py; docs/benchmarks.md, "Session 7"): the batch whose commit
-pushed the WAL past SQLite's default 1,000 pages used to run the checkpoint — the database
-file's writes and fsync — before its creates were answered. A thread of its own now copies
-the WAL back (PASSIVE) beside the writer; the writer's own checkpoint is a backstop at
-``WAL_BACKSTOP_PAGES``. Durability is unchanged: ``synchronous=FULL`` on every connection,
-a commit answered only once its WAL frames are on disk."""
+(api/transactions/sqlite_create.py; docs/benchmarks.md, "The SQLite writer's page cache and
+checkpointer"): the batch whose commit pushed the WAL past SQLite's default 1,000 pages used
+to run the checkpoint — the database file's writes and fsync — before its creates were answered. A
+thread of its own now copies the WAL back (PASSIVE) beside the writer; the writer's own checkpoint
+is a backstop at ``WAL_BACKSTOP_PAGES``. Durability is unchanged: ``synchronous=FULL`` on every
+connection, a commit answered only once its WAL frames are on disk."""
 
 from __future__ import annotations
 

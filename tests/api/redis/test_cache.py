@@ -85,7 +85,8 @@ def test_redis_killed_and_flushed_mid_run_changes_nothing(
     finally:
         server.stop()
     for phase in (before, flushed, down, after):
-        assert set(phase) <= {200, 201, 404, 409}, phase  # never a 5xx
+        # never a 5xx; 202: a create whose 0210 came after the answer time on a loaded machine
+        assert set(phase) <= {200, 201, 202, 404, 409}, phase
     charges = pg_backend.sql(
         "SELECT transaction_id, count(*) FROM ledger_entry WHERE kind = 'charge' "
         "AND transaction_id IN (SELECT id FROM \"transaction\" WHERE terminal_id = 'T-REDIS') "
@@ -269,7 +270,7 @@ def test_a_leftover_busy_marker_does_not_hide_a_fence(
     env = {
         "IDEMPAY_REDIS_URL": private_redis.url,
         "IDEMPAY_LEASE_SECONDS": "120",  # the busy marker outlives the whole test
-        "IDEMPAY_ISSUER_TIMEOUT": "30",  # the first server is killed long before this
+        "IDEMPAY_ANSWER_WITHIN": "30",  # the first server is killed long before this
     }
     first = backend.server(**env)
     api = Api(first.url, backend.api_key("merchant-busy"))
@@ -286,7 +287,7 @@ def test_a_leftover_busy_marker_does_not_hide_a_fence(
     first.kill()
     sender.join(30)
 
-    second = backend.server(**{**env, "IDEMPAY_ISSUER_TIMEOUT": "0.5"})
+    second = backend.server(**{**env, "IDEMPAY_ANSWER_WITHIN": "0.5"})
     api = Api(second.url, api.api_key)
     try:
         assert any(key in name.decode() for name in client.scan_iter("*busy*"))

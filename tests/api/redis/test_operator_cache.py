@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
+from api.acquirer.host import store as acquirer_store
+from api.acquirer.messages import rrn_for
 from api.cli import app
 from tests.support.backend import FAST_ENV, Backend
 from tests.support.client import Api, new_key
@@ -27,7 +31,14 @@ def test_a_cached_approval_is_not_served_after_the_command(
         env = {**pg_backend.env, **FAST_ENV, **shared_redis}
         args = ["admin", "key", "reverse", "merchant-op-cache", key, "--reason", "refund desk"]
         done = CliRunner().invoke(app, args, env=env)
-        assert done.exit_code == 0 and done.output.startswith("reversed now"), done.output
+        # the command's answer is its last line (the acquirer link it opens for the 0400 logs
+        # before it)
+        assert done.exit_code == 0, done.output
+        assert done.output.splitlines()[-1].startswith("reversed now: "), done.output
         assert api.lookup(key).json()["status"] == "reversed"
+        merchant = pg_backend.sql("SELECT merchant_id FROM idempotency_key WHERE key = :k", k=key)
+        rrn = rrn_for(pg_backend.settings.secret_key.encode(), merchant[0][0], key)
+        host = Path(env["IDEMPAY_VAR_DIR"]) / "acquirer.sqlite3"
+        assert acquirer_store.summary(host)[rrn].reversed  # the acquirer was told
     finally:
         server.stop()

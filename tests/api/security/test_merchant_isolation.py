@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -140,13 +141,16 @@ def test_other_merchant_create_with_the_same_uuid_is_its_own_transaction(
 def test_keys_of_a_in_flight_are_invisible_and_untouchable_for_b(
     deployment: Deployment, tenants: Tenants
 ) -> None:
-    """key1: the issuer never answers (A's key stays processing); key2: the first issuer call
-    times out and the completer finishes A's key. Meanwhile B looks up, reverses, creates
-    and aborts the same UUIDs."""
+    """key1: the acquirer never answers A's offline sale (its advice is repeated; A's key stays
+    processing); key2: A's 0200 goes unanswered, the create answers 202 and A's key settles
+    declined / acquirer_timeout at the acquirer timeout. Meanwhile B looks up, reverses,
+    creates and aborts the same UUIDs."""
     a, b = tenants
     key1, key2 = new_key(), new_key()
+    captured = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    down = body(card=card("tok_issuer_down"), entry_mode="offline", captured_at=captured)
     with ThreadPoolExecutor(2) as pool:
-        first1 = pool.submit(a.create, key1, body(card=card("tok_issuer_down")))
+        first1 = pool.submit(a.create, key1, down)
         first2 = pool.submit(a.create, key2, body(card=card("tok_issuer_timeout")))
         assert first1.result().status_code == first2.result().status_code == 202
     _compare_lookup_and_reversal(b, key1)
@@ -157,10 +161,15 @@ def test_keys_of_a_in_flight_are_invisible_and_untouchable_for_b(
     finished = eventually(
         lambda: a.lookup(key2),
         until=lambda lookup: lookup.status_code != 202,
-        what="the completer to finish A's key2",
+        what="A's key2 settled at the acquirer timeout",
         timeout=15,
     )
-    assert finished.status_code == 200 and finished.json()["status"] == "approved"
-    assert _ledger(deployment, a.api_key, key2) == [("charge", 1250, "BRL")]
+    assert finished.status_code == 200, finished.text
+    assert (finished.json()["status"], finished.json()["decline_reason"]) == (
+        "declined",
+        "acquirer_timeout",
+    )
+    assert _ledger(deployment, a.api_key, key2) == []  # declined: nothing charged
     assert _ledger(deployment, a.api_key, key1) == []
+    assert a.lookup(key1).status_code == 202  # still in flight: never declined, never B's
     assert_problem(b.lookup(key2), 410, "transaction_aborted")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 
 import httpx
 
@@ -15,14 +16,20 @@ from tests.support.eventually import eventually
 FLOOD_CONNECTIONS = 60
 
 
+def _offline(token: str, terminal: str) -> dict[str, object]:
+    captured = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    return body(terminal_id=terminal, card=card(token), entry_mode="offline", captured_at=captured)
+
+
 def _flood(api: Api, stop: threading.Event) -> int:
-    """Creates whose issuer never answers, back to back, until told to stop."""
+    """Offline sales the acquirer never answers, back to back, until told to stop: each stays
+    processing, its advice repeated by the completer for as long as it goes unanswered."""
     sent = 0
     with httpx.Client(base_url=api.base_url, timeout=30) as client:
         while not stop.is_set():
             client.post(
                 "/v1/transactions",
-                json=body(terminal_id="T-FLOOD", card=card("tok_issuer_down")),
+                json=_offline("tok_issuer_down", "T-FLOOD"),
                 headers=api.headers(new_key()),
             )
             sent += 1
@@ -32,10 +39,11 @@ def _flood(api: Api, stop: threading.Event) -> int:
 def test_a_flood_of_unanswered_payments_does_not_starve_another_merchant(
     private_pg_backend: Backend,
 ) -> None:
-    """Merchant A floods ``tok_issuer_down`` creates: each one's re-drive holds a completer
-    slot for the issuer timeout until its deadline. Merchant B's ``tok_issuer_timeout``
-    payment (202, then answered by the issuer on the completer's first re-drive) must still
-    be approved — not voided and aborted at its deadline behind A's backlog."""
+    """Merchant A floods offline ``tok_issuer_down`` sales: each one's repeated advice (0221)
+    holds a completer slot for the acquirer timeout, for ever. Merchant B's offline
+    ``tok_issuer_timeout`` sale (its 0220 unanswered: 202, then approved on the completer's
+    first 0221) must still be approved — not left behind A's backlog. (An online key is no
+    completer work: its owner settles it at the acquirer timeout.)"""
     backend = private_pg_backend
     server = backend.server(IDEMPAY_DB_POOL_SIZE="24")
     noisy = Api(server.url, backend.api_key("merchant-noisy"))
@@ -55,7 +63,7 @@ def test_a_flood_of_unanswered_payments_does_not_starve_another_merchant(
                     interval=0.2,
                 )
                 key = new_key()
-                created = victim.create(key, body(card=card("tok_issuer_timeout")))
+                created = victim.create(key, _offline("tok_issuer_timeout", "T-VICTIM"))
                 assert created.status_code == 202, created.text
                 answer = eventually(
                     lambda: victim.lookup(key),
@@ -69,6 +77,7 @@ def test_a_flood_of_unanswered_payments_does_not_starve_another_merchant(
             assert sum(flood.result() for flood in floods) > backlog
         assert answer.status_code == 200, answer.text
         assert answer.json()["status"] == "approved"
+        assert answer.json()["offline"] is True
         (state,) = backend.sql("SELECT state FROM idempotency_key WHERE key = :key", key=key)[0]
         assert state == "completed"
     finally:

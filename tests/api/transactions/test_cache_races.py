@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from api.acquirer.runtime import AcquirerRuntime
 from api.config import Settings
 from api.db import create_engine
 from api.idempotency.cache import ResponseCache
 from api.idempotency.keys import body_fingerprint
 from api.transactions import resolution
-from api.transactions.issuer import SimulatedIssuer
 from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
 from tests.support.backend import Backend
@@ -77,19 +77,20 @@ async def make_service(backend: Backend, redis_server: RedisServer) -> AsyncIter
         redis_url=redis_server.url,
     )
     engine = create_engine(settings)
+    acquirer = await AcquirerRuntime.open(settings)  # a child acquirer host, as serve starts
     client = aioredis.Redis.from_url(redis_server.url)
 
     def make(hold: str) -> TransactionService:
         cache = HeldCache(
             client, prefix="idempay:", ttl=3600, lookup_ttl=3600, busy_ttl=30, hold=hold
         )
-        issuer = SimulatedIssuer(engine, slow_seconds=0.0)
-        return TransactionService(engine, issuer, settings, cache=cache)
+        return TransactionService(engine, acquirer.link, settings, cache=cache)
 
     try:
         yield make
     finally:
         await client.aclose()
+        await acquirer.close()
         await engine.dispose()
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from api.db import DriverPool, PoolClosedError, split_budget, utcnow
 from api.main import build_context
-from api.transactions.inline import StorageUnavailableError
+from api.storage_errors import StorageUnavailableError
 from api.transactions.pg_create import PgInline
 from tests.support.backend import Backend
 from tests.support.client import body
@@ -24,7 +24,7 @@ def test_the_budget_is_split_not_doubled() -> None:
         engine, hot = split_budget(budget)
         assert engine >= 1 and hot >= 1
         assert engine + hot == budget
-    assert split_budget(30) == (8, 22)
+    assert split_budget(30) == (15, 15)  # the engine writes every claim and finish
     assert split_budget(1) == (1, 1)  # the documented exception: one of each
 
 
@@ -105,13 +105,13 @@ async def test_close_closes_idle_and_returned_connections(private_pg_backend: Ba
 async def test_no_connection_in_time_is_storage_unavailable(pool: DriverPool) -> None:
     held = [await pool.acquire(), await pool.acquire()]
     with pytest.raises(StorageUnavailableError):  # answered 503, nothing acknowledged
-        await PgInline(pool, citus=False).read("mer_x", str(uuid.uuid4()))
+        await PgInline(pool).read("mer_x", str(uuid.uuid4()))
     for conn in held:
         pool.release(conn)
 
 
 async def test_a_worker_stays_inside_its_connection_budget(private_pg_backend: Backend) -> None:
-    """Creates, replays and lookups at 40 in flight, with the request events flushing beside
+    """Creates, replays and lookups at 20 in flight, with the request events flushing beside
     them: the worker's connections to Postgres (both pools) never exceed IDEMPAY_DB_POOL_SIZE."""
     from api.events.writer import Event, RequestOutcome
     from api.idempotency.keys import body_fingerprint
@@ -137,7 +137,12 @@ async def test_a_worker_stays_inside_its_connection_budget(private_pg_backend: B
         key = str(uuid.uuid4())
         request = TransactionCreate.model_validate(body(amount=100 + n))
         digest = body_fingerprint(request)
-        assert (await ctx.service.create("mer_budget", key, request, digest)).status == 201
+        # 202 on a loaded machine: the acquirer's answer came after IDEMPAY_ANSWER_WITHIN
+        assert (await ctx.service.create("mer_budget", key, request, digest)).status in (201, 202)
+        for _ in range(200):  # until the server finished it
+            if (await resolution.lookup(ctx.service, "mer_budget", key)).status == 200:
+                break
+            await asyncio.sleep(0.1)
         assert (await ctx.service.create("mer_budget", key, request, digest)).status == 201
         assert (await resolution.lookup(ctx.service, "mer_budget", key)).status == 200
         ctx.events.record(
@@ -148,8 +153,8 @@ async def test_a_worker_stays_inside_its_connection_budget(private_pg_backend: B
     watcher = asyncio.create_task(connections())
     events = asyncio.create_task(ctx.events.run_forever())
     try:
-        for start in range(0, 200, 40):
-            await asyncio.gather(*(one(n) for n in range(start, start + 40)))
+        for start in range(0, 100, 20):
+            await asyncio.gather(*(one(n) for n in range(start, start + 20)))
     finally:
         watcher.cancel()
         await ctx.events.close(events)

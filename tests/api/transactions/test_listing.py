@@ -96,6 +96,26 @@ def test_since_bounds_the_listing(deployment: Deployment) -> None:
         ({}, "since"),
         ({"since": "yesterday"}, "since"),
         ({"since": "2026-11-20T00:00:00"}, "since"),  # no time zone
+        ({"since": "2026-W48-1T00:00Z"}, "since"),  # ISO 8601 week date
+        ({"since": "2026-11-20T00:00:00Z\x00"}, "since"),  # trailing NUL
+        ({"since": "2026-11-20T00:00:00Z\n"}, "since"),
+        ({"since": "2026-11-20T00:00:00.123456789Z"}, "since"),  # nanoseconds: not cut
+        ({"since": "2026-11-20T00:00:00.1234567Z"}, "since"),
+        ({"since": "20261120T000000Z"}, "since"),  # ISO 8601 basic format
+        ({"since": "2026-11-20 00:00:00Z"}, "since"),  # a space for T
+        ({"since": "2026-11-20T00:00Z"}, "since"),  # no seconds
+        ({"since": "2026-11-20T00:00:00+0100"}, "since"),
+        ({"since": "2026-11-20T00:00:00+01"}, "since"),
+        ({"since": "2026-11-20T00:00:00,5Z"}, "since"),
+        ({"since": "2026-11-20T00:00:00.Z"}, "since"),
+        ({"since": "2026-11-20T00:00:00+01:60"}, "since"),
+        ({"since": "2026-02-30T00:00:00Z"}, "since"),
+        ({"since": "2026-11-20T00:00:60Z"}, "since"),  # leap second: no such instant here
+        ({"since": "\uff12026-11-20T00:00:00Z"}, "since"),  # a fullwidth digit
+        ({"since": "0001-01-01T00:00:00+14:00"}, "since"),  # before year 1 in UTC
+        ({"since": "2026-11-20T00:00:00Z", "limit": "\u00b2"}, "limit"),  # isdigit() is true
+        ({"since": "2026-11-20T00:00:00Z", "limit": "+5"}, "limit"),
+        ({"since": "2026-11-20T00:00:00Z", "limit": "1" + "0" * 5000}, "limit"),
         ({"since": "2026-11-20T00:00:00Z", "limit": "0"}, "limit"),
         ({"since": "2026-11-20T00:00:00Z", "limit": "501"}, "limit"),
         ({"since": "2026-11-20T00:00:00Z", "limit": "ten"}, "limit"),
@@ -109,6 +129,35 @@ def test_bad_parameters_are_problem_422(
 ) -> None:
     problem = assert_problem(_list(deployment.a, **params), 422, "validation_error")
     assert name in str(problem["errors"])
+
+
+@pytest.mark.parametrize(
+    "since",
+    [
+        "2026-11-20T00:00:00Z",
+        "2026-11-20t00:00:00z",  # RFC 3339 §5.6: T and Z may be lower case
+        "2026-11-20T00:00:00.5Z",
+        "2026-11-20T00:00:00.123456+00:00",
+        "2026-11-19T21:00:00.000001-03:00",
+    ],
+)
+def test_rfc3339_date_times_are_accepted(deployment: Deployment, since: str) -> None:
+    response = _list(deployment.a, terminal_id=f"T-R{uuid.uuid4().hex[:8]}", since=since)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"data": [], "next_cursor": None}
+
+
+def test_since_keeps_its_microseconds(deployment: Deployment) -> None:
+    terminal = f"T-M{uuid.uuid4().hex[:8]}"
+    assert deployment.a.create(new_key(), body(terminal_id=terminal)).status_code == 201
+    created = _list(deployment.a, terminal_id=terminal, since=_since()).json()["data"][0]
+    at = datetime.fromisoformat(created["created_at"].replace("Z", "+00:00"))
+    same = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    later = (at + timedelta(microseconds=1)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert [
+        row["id"] for row in _list(deployment.a, terminal_id=terminal, since=same).json()["data"]
+    ] == [created["id"]]
+    assert _list(deployment.a, terminal_id=terminal, since=later).json()["data"] == []
 
 
 def test_listing_needs_an_api_key(deployment: Deployment) -> None:

@@ -11,19 +11,34 @@ from datetime import UTC, datetime, timedelta
 
 from typer.testing import CliRunner, Result
 
+from api.acquirer.host.store import summary
 from api.cli import app
 from api.db import create_engine
 from api.idempotency import store
 from tests.api.conftest import Deployment
 from tests.support.backend import FAST_ENV, Backend
 from tests.support.client import body, card, new_key
+from tests.support.eventually import eventually
 
 MERCHANT = "merchant-a"
 
 
-def _idempay(backend: Backend, *args: str) -> Result:
-    env = {**backend.env, **FAST_ENV}
+def _idempay(backend: Backend, *args: str, **settings: str) -> Result:
+    env = {**backend.env, **FAST_ENV, **settings}
     return CliRunner().invoke(app, ["admin", "key", *args], env=env)
+
+
+def _verdict(result: Result) -> str:
+    """The command's own answer: its last line (fence and reverse start the simulated
+    acquirer's link first, whose log lines come before it)."""
+    return result.output.rstrip("\n").rsplit("\n", 1)[-1]
+
+
+def _advice(backend: Backend, key: str) -> list[tuple[str, bool]]:
+    rows = backend.sql(
+        "SELECT kind, acknowledged_at IS NOT NULL FROM acquirer_advice WHERE key = :key", key=key
+    )
+    return [(str(kind), bool(acked)) for kind, acked in rows]
 
 
 def _show(backend: Backend, key: str, merchant: str = MERCHANT) -> str:
@@ -66,8 +81,8 @@ def test_approved_key_is_reversed_once_and_never_fenced(deployment: Deployment) 
 
     first = _idempay(backend, "reverse", MERCHANT, key, "--reason", "customer left")
     again = _idempay(backend, "reverse", MERCHANT, key, "--reason", "clicked twice")
-    assert first.exit_code == 0 and first.output.startswith("reversed now"), first.output
-    assert again.exit_code == 0 and again.output.startswith("already reversed"), again.output
+    assert first.exit_code == 0 and _verdict(first).startswith("reversed now"), first.output
+    assert again.exit_code == 0 and _verdict(again).startswith("already reversed"), again.output
     assert _reasons(backend, key) == [
         ("transaction.completed", None),
         ("transaction.reversed", "customer left"),
@@ -76,6 +91,12 @@ def test_approved_key_is_reversed_once_and_never_fenced(deployment: Deployment) 
     assert deployment.a.lookup(key).json()["status"] == "reversed"
     shown = _show(backend, key)
     assert '"status":"reversed"' in shown and "reversal -1250 BRL" in shown
+    # one reversal advice, committed with the reversal; the 0400 (or the advice worker's
+    # 0420) is acknowledged, and the acquirer has reversed the one 0200 it approved
+    eventually(lambda: _advice(backend, key) == [("reversal", True)], what="the 0410/0430")
+    rrn = backend.sql('SELECT rrn FROM "transaction" WHERE id = :key', key=key)[0][0]
+    acquirer = summary(backend.tmp / "var" / "acquirer.sqlite3")[rrn]
+    assert (acquirer.requests, acquirer.approved, acquirer.reversed) == (1, True, True)
 
 
 def test_declined_key_is_neither_fenced_nor_reversed(deployment: Deployment) -> None:
@@ -159,12 +180,21 @@ def test_processing_key_is_fenced_only_once_its_terminal_cannot_answer(
     shown = _show(backend, live)
     assert "state: processing" in shown and "(live)" in shown
     for action in ("fence", "reverse"):
-        refused = _idempay(backend, action, MERCHANT, live, "--reason", "stuck?")
+        # within its answer time (IDEMPAY_ANSWER_WITHIN + 0.5 s of the claim, long here so
+        # that a slow start of the command cannot outlast it) the request may still answer
+        # its terminal: left alone
+        refused = _idempay(
+            backend, action, MERCHANT, live, "--reason", "stuck?", IDEMPAY_ANSWER_WITHIN="600"
+        )
         assert refused.exit_code == 1 and "409 request_in_progress" in refused.output
     assert _reasons(backend, live) == []
+    assert _advice(backend, live) == []
+    assert "state: processing" in _show(backend, live)
 
     assert "(expired)" in _show(backend, abandoned)
     fenced = _idempay(backend, "fence", MERCHANT, abandoned, "--reason", "terminal gone")
     assert fenced.exit_code == 0 and "the key is aborted" in fenced.output, fenced.output
     assert _reasons(backend, abandoned) == [("transaction.aborted", "terminal gone")]
     assert "lease owner(s)" in _show(backend, abandoned)
+    # its 0200 may have left: the reversal advice is queued with the fence
+    assert [kind for kind, _ in _advice(backend, abandoned)] == ["abort"]

@@ -1,7 +1,9 @@
 """contract §3.1–3.2: concurrent duplicates never both execute; abort vs create has one winner.
 
 Every request goes over its own pooled HTTP connection to a real server, and every winner
-commits for real; the database is then checked row by row.
+commits for real; the database is then checked row by row, and the acquirer's store (its
+child host's) RRN by RRN: at most one 0200 per key, and its net approvals are exactly the
+approved transactions (contract §3.8).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from api.acquirer.host.store import net_approvals, summary
+from api.acquirer.messages import rrn_for
+from api.config import Settings
 from tests.api.conftest import Deployment
 from tests.support.backend import Backend
 from tests.support.client import Api, body
@@ -30,8 +35,13 @@ DUPLICATES = 20
 @pytest.fixture(scope="module")
 def racing(backend: Backend) -> Iterator[Deployment]:
     """A server that lets 100 concurrent requests queue for its connection pool instead of
-    shedding load with 503 (what it would do in production after IDEMPAY_DB_TIMEOUT)."""
-    server = backend.server(IDEMPAY_DB_TIMEOUT="120")
+    shedding load with 503 (what it would do in production after IDEMPAY_DB_TIMEOUT), and
+    for the acquirer's answer instead of answering 202 (after IDEMPAY_ANSWER_WITHIN) or
+    settling the key in doubt (after IDEMPAY_ACQUIRER_TIMEOUT): on a loaded machine the
+    claimer still answers its terminal itself."""
+    server = backend.server(
+        IDEMPAY_DB_TIMEOUT="120", IDEMPAY_ANSWER_WITHIN="100", IDEMPAY_ACQUIRER_TIMEOUT="90"
+    )
     api = Api(server.url, backend.api_key(f"merchant-race-{backend.name}"))
     yield Deployment(backend, server, api, api)
     server.stop()
@@ -74,6 +84,21 @@ async def _fire(deployment: Deployment, calls: list[tuple[str, str]]) -> list[An
         return await asyncio.gather(*(one(kind, key) for kind, key in calls))
 
 
+def _acquirer(deployment: Deployment, keys: list[str]) -> tuple[dict[str, int], set[str]]:
+    """Per key, the 0200s the acquirer received (0: never asked), and the keys it approved
+    and did not reverse."""
+    merchant_id = deployment.backend.sql(
+        "SELECT merchant_id FROM api_key WHERE key_hash = :h",
+        h=hashlib.sha256(deployment.a.api_key.encode()).hexdigest(),
+    )[0][0]
+    secret = Settings().secret_key.encode()  # the servers' (IDEMPAY_SECRET_KEY unset)
+    rrns = {rrn_for(secret, merchant_id, key): key for key in keys}
+    store = deployment.backend.tmp / "var" / "acquirer.sqlite3"
+    seen = summary(store)
+    requests = {key: seen[rrn].requests if rrn in seen else 0 for rrn, key in rrns.items()}
+    return requests, {rrns[rrn] for rrn in net_approvals(store) if rrn in rrns}
+
+
 def _charges_per_key(deployment: Deployment, keys: list[str]) -> Counter[str]:
     rows = deployment.backend.sql(
         "SELECT transaction_id FROM ledger_entry WHERE kind = 'charge' "
@@ -111,6 +136,9 @@ def test_concurrent_identical_creates_execute_exactly_once(racing: Deployment) -
         "SELECT count(*) FROM \"transaction\" WHERE terminal_id = 'T-RACE'"
     )[0][0]
     assert transactions >= KEYS
+    requests, approved = _acquirer(racing, keys)
+    assert set(requests.values()) == {1}  # one 0200 per key, ever
+    assert approved == set(keys)  # every approval there is a transaction here, and back
 
 
 def test_abort_racing_create_has_exactly_one_winner(racing: Deployment) -> None:
@@ -144,3 +172,8 @@ def test_abort_racing_create_has_exactly_one_winner(racing: Deployment) -> None:
             assert response.json()["status"] == expected
         if kind == "create" and states[key] == "aborted":
             assert response.status_code in (409, 410)
+    # an aborted key was never sent; a processed one was sent once and approved
+    requests, approved = _acquirer(racing, keys)
+    for key in keys:
+        assert requests[key] == (1 if states[key] == "completed" else 0), key
+    assert approved == {key for key in keys if states[key] == "completed"}

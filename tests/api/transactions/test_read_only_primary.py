@@ -1,12 +1,14 @@
 """A primary demoted under the server (a Patroni failover or switchover: the node we still
 reach is read-only now) is an outage, not a bug: 503 service_unavailable, nothing
-processed, and a retry with the same key once a writable primary is back is processed once.
-The make failover run saw 500s here (asyncpg errors on the one-write path)."""
+processed — the claim, the create's first write, is refused, so no 0200 leaves — and a retry
+with the same key once a writable primary is back is processed once, with the key's one 0200.
+The make failover run saw 500s here (asyncpg errors on the one-write path, since removed)."""
 
 from __future__ import annotations
 
 import pytest
 
+from api.acquirer.host.store import summary
 from idempay_tools.private_services import admin_sql
 from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, card, new_key
@@ -26,7 +28,7 @@ def _read_only(backend: Backend, on: bool) -> None:
     )
 
 
-@pytest.mark.parametrize("token", ["tok_visa_4242", "tok_issuer_slow"], ids=["one-write", "phased"])
+@pytest.mark.parametrize("token", ["tok_visa_4242", "tok_issuer_slow"], ids=["at-once", "slow"])
 def test_a_read_only_primary_is_503_and_the_retry_is_processed_once(
     private_pg_backend: Backend, token: str
 ) -> None:
@@ -53,3 +55,6 @@ def test_a_read_only_primary_is_503_and_the_retry_is_processed_once(
     assert backend.sql('SELECT count(*) FROM "transaction" WHERE id = :k', k=key)[0][0] == 1
     charges = "SELECT count(*) FROM ledger_entry WHERE transaction_id = :k AND kind = 'charge'"
     assert backend.sql(charges, k=key)[0][0] == 1
+    rrn = backend.sql('SELECT rrn FROM "transaction" WHERE id = :k', k=key)[0][0]
+    acquirer = summary(backend.tmp / "var" / "acquirer.sqlite3")[rrn]
+    assert (acquirer.requests, acquirer.approved) == (1, True)  # the 503s sent nothing

@@ -107,7 +107,16 @@ def test_abort_while_processing_is_409(deployment: Deployment) -> None:
         assert response.headers["idempotency-status"] == "in_progress"
     else:  # the issuer answered first: the abort reports the processed transaction
         assert response.status_code == 200 and response.json()["status"] == "approved"
-    assert results[0].status_code == 201
+    # 201, or 202 on a loaded machine (the slow token's 0.8 s plus the claim and the finish
+    # past IDEMPAY_ANSWER_WITHIN's 1.5 s): then the key ends approved by itself
+    assert results[0].status_code in (201, 202), results[0].text
+    if results[0].status_code == 202:
+        for _ in range(300):
+            found = deployment.a.lookup(key)
+            if found.status_code == 200:
+                break
+            time.sleep(0.05)
+        assert found.status_code == 200 and found.json()["status"] == "approved", found.text
 
 
 def test_abort_of_expired_key_reports_it_fenced(deployment: Deployment) -> None:

@@ -12,6 +12,7 @@ from api.db import atomic, create_engine, utcnow
 from api.models import WebhookDelivery
 from api.retention import purge
 from api.webhooks import endpoints
+from api.webhooks.destinations import AllowList
 from tests.support.backend import Backend
 
 
@@ -19,7 +20,9 @@ async def test_ended_deliveries_go_after_the_retention(private_backend: Backend)
     engine = create_engine(private_backend.settings)
     try:
         await create_api_key(engine, "merchant-purge")
-        endpoint, _ = await endpoints.add(engine, "merchant-purge", "http://127.0.0.1:9/")
+        endpoint, _ = await endpoints.add(
+            engine, "merchant-purge", "http://127.0.0.1:9/", allow=AllowList.parse("127.0.0.1/32")
+        )
         now = utcnow()
         old = now - timedelta(days=40)
         rows = {

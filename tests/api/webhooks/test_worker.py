@@ -18,6 +18,7 @@ from api.auth import create_api_key
 from api.db import atomic, create_engine, utcnow
 from api.outbox import writer as outbox
 from api.webhooks import endpoints
+from api.webhooks.destinations import AllowList
 from api.webhooks.queue import Backoff
 from api.webhooks.worker import WebhookWorker
 from idempay_tools.serve_process import free_port
@@ -26,6 +27,7 @@ from tests.support.eventually import eventually_async
 from tests.support.receiver import Receiver
 
 SECRET = "whsec_test"
+LOOPBACK = AllowList.parse("127.0.0.0/8")  # the receivers are local: allowed explicitly
 FAST = Backoff(base=0.05, cap=0.05)
 
 
@@ -86,9 +88,11 @@ async def test_every_event_reaches_a_verifying_receiver_in_seq_order(engine: Asy
     await _events(engine, "merchant-w", 1)  # numbered before the endpoint: not sent
     with Receiver(SECRET) as receiver:
         async with httpx.AsyncClient(timeout=5) as client:
-            worker = WebhookWorker(engine, client, backoff=FAST)
+            worker = WebhookWorker(engine, client, backoff=FAST, allow=LOOPBACK)
             await worker.run_once()
-            endpoint, _ = await endpoints.add(engine, "merchant-w", receiver.url, secret=SECRET)
+            endpoint, _ = await endpoints.add(
+                engine, "merchant-w", receiver.url, secret=SECRET, allow=LOOPBACK
+            )
             mine = await _events(engine, "merchant-w", 3)
             await _events(engine, "merchant-x", 2)  # another merchant's: never sent here
             await worker.run_once()
@@ -102,10 +106,12 @@ async def test_every_event_reaches_a_verifying_receiver_in_seq_order(engine: Asy
 
 async def test_a_500_is_retried_and_later_events_wait_their_turn(engine: AsyncEngine) -> None:
     with Receiver(SECRET, fail_first=2) as receiver:
-        endpoint, _ = await endpoints.add(engine, "merchant-w", receiver.url, secret=SECRET)
+        endpoint, _ = await endpoints.add(
+            engine, "merchant-w", receiver.url, secret=SECRET, allow=LOOPBACK
+        )
         mine = await _events(engine, "merchant-w", 3)
         async with httpx.AsyncClient(timeout=5) as client:
-            worker = WebhookWorker(engine, client, backoff=FAST)
+            worker = WebhookWorker(engine, client, backoff=FAST, allow=LOOPBACK)
             await _until_settled(worker, engine, endpoint.id)
     first, second, third = (event["event_id"] for event in receiver.events)
     assert receiver.attempts == [first, first, first, second, third]
@@ -117,12 +123,18 @@ async def test_timeouts_and_refusals_end_in_the_dead_letter_list(engine: AsyncEn
     give_up = Backoff(base=0.05, cap=0.05, give_up_after=0.4)
     refused_url = f"http://127.0.0.1:{free_port()}/hooks"  # nothing listens there
     with Receiver(SECRET, delay=1.0) as slow, Receiver(SECRET) as good:
-        timing_out, _ = await endpoints.add(engine, "merchant-w", slow.url, secret=SECRET)
-        refused, _ = await endpoints.add(engine, "merchant-w", refused_url, secret=SECRET)
-        healthy, _ = await endpoints.add(engine, "merchant-w", good.url, secret=SECRET)
+        timing_out, _ = await endpoints.add(
+            engine, "merchant-w", slow.url, secret=SECRET, allow=LOOPBACK
+        )
+        refused, _ = await endpoints.add(
+            engine, "merchant-w", refused_url, secret=SECRET, allow=LOOPBACK
+        )
+        healthy, _ = await endpoints.add(
+            engine, "merchant-w", good.url, secret=SECRET, allow=LOOPBACK
+        )
         mine = await _events(engine, "merchant-w", 2)
         async with httpx.AsyncClient(timeout=0.3) as client:
-            worker = WebhookWorker(engine, client, backoff=give_up)
+            worker = WebhookWorker(engine, client, backoff=give_up, allow=LOOPBACK)
             await _until_settled(worker, engine, timing_out.id, refused.id, healthy.id)
             assert [event["transaction_id"] for event in good.events] == mine
             seqs = [event["seq"] for event in good.events]
@@ -145,14 +157,16 @@ async def test_timeouts_and_refusals_end_in_the_dead_letter_list(engine: AsyncEn
 
 async def test_a_replay_sends_a_time_range_again_under_the_same_ids(engine: AsyncEngine) -> None:
     with Receiver(SECRET) as receiver:
-        endpoint, _ = await endpoints.add(engine, "merchant-w", receiver.url, secret=SECRET)
+        endpoint, _ = await endpoints.add(
+            engine, "merchant-w", receiver.url, secret=SECRET, allow=LOOPBACK
+        )
         before = await _events(engine, "merchant-w", 2)
         start = utcnow()
         during = await _events(engine, "merchant-w", 2)
         end = utcnow()
         await _events(engine, "merchant-w", 1)
         async with httpx.AsyncClient(timeout=5) as client:
-            worker = WebhookWorker(engine, client, backoff=FAST)
+            worker = WebhookWorker(engine, client, backoff=FAST, allow=LOOPBACK)
             await _until_settled(worker, engine, endpoint.id)
             assert await endpoints.replay(engine, endpoint.id, start, end) == 2
             await _until_settled(worker, engine, endpoint.id)
@@ -164,10 +178,12 @@ async def test_a_replay_sends_a_time_range_again_under_the_same_ids(engine: Asyn
 
 async def test_a_removed_endpoint_receives_nothing(engine: AsyncEngine) -> None:
     with Receiver(SECRET) as receiver:
-        endpoint, _ = await endpoints.add(engine, "merchant-w", receiver.url, secret=SECRET)
+        endpoint, _ = await endpoints.add(
+            engine, "merchant-w", receiver.url, secret=SECRET, allow=LOOPBACK
+        )
         await endpoints.remove(engine, endpoint.id)
         await _events(engine, "merchant-w", 2)
         async with httpx.AsyncClient(timeout=5) as client:
-            assert await WebhookWorker(engine, client).run_once() == 0
+            assert await WebhookWorker(engine, client, allow=LOOPBACK).run_once() == 0
     assert receiver.attempts == []
     assert [row.id for row in await endpoints.list_endpoints(engine, "merchant-w")] == []

@@ -1,0 +1,224 @@
+"""Group commit of the create's writes: many claims per commit, many finishes per commit.
+
+A create writes twice — its claim (phase 1) and its finish (phase 3) — and each write used to
+be a transaction of its own: a commit, a WAL flush (an fsync on SQLite), a connection, per
+create per phase. Here a write is a piece of work (``Work``: an async function of an open
+connection, the same statements it ran in a transaction of its own) handed to a
+``GroupCommit``, which writes what is queued together: one transaction, the works one after
+the other, one commit, then every waiter is answered. One create pipeline for both backends:
+Postgres and SQLite differ only in how ``atomic`` opens the batch's transaction.
+
+- **No waiting for company.** A write starts at once when a lane (a batch's transaction) is
+  free; only writes that arrive while every lane is busy wait, and they go together in the
+  next batch (up to ``max_batch``). A lone create pays nothing for the batching.
+- **Each waiter gets its own write's answer, or the batch's fate.** The commit succeeded:
+  each work's return value. The batch failed — no connection, a statement error that ended
+  the transaction, a COMMIT cut by a crash — every waiter gets that same exception, so each
+  judges it as its own write would have (a claim whose end is unseen reads its key back,
+  contract §2.2). A work whose own statement fails for another reason (a key held past
+  ``lock_timeout``, a bug) rolls the batch back; it alone gets its error and the others are
+  written again in a new transaction — the rolled-back one committed nothing.
+- **A stalled batch holds no one else.** A batch still running after ``STALL_S`` (a commit
+  waiting on a synchronous standby, a statement held by a lock or an I/O stall) stops
+  counting against the lanes: writes queued behind it get a lane of their own, up to
+  ``max_lanes`` (the connections the pool has), as each would have with a transaction of
+  its own.
+- **Partitions.** A work may name a partition (``run(work, partition=…)``): a batch holds
+  the works of one partition only. On Citus the partition is the merchant, so each batch is
+  a single-shard transaction on the merchant's worker — never a distributed transaction that
+  a dead or moving worker would fail for every merchant in it.
+- **No endless queue.** A work still queued after ``queue_timeout`` (``IDEMPAY_DB_TIMEOUT``:
+  every lane taken by stalled batches) leaves the queue unwritten and raises
+  ``StorageUnavailableError``, as a write waiting that long for a connection did.
+- **A waiter that stopped waiting** (its request cancelled) before its work started is left
+  out of the batch; once started, its work commits or not with the others.
+- The batch's transaction runs in a task of its own: the waiter's task holds no database
+  transaction (the acquirer link's guard, ``api.db.assert_no_transaction``, still holds for
+  the create that goes on to send its 0200).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from api.db import atomic
+from api.metrics import GROUP_COMMIT_TRANSACTIONS, GROUP_COMMIT_WRITES
+from api.storage_errors import StorageUnavailableError, storage_unavailable
+
+T = TypeVar("T")
+Work = Callable[[AsyncConnection], Awaitable[T]]
+
+MAX_BATCH = 64
+STALL_S = 0.1  # a batch running longer than this frees its lane for the writes queued behind
+
+
+class _WorkFailed(Exception):
+    """One work's own statement failed: the batch rolls back without it."""
+
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(repr(error))
+        self.index = index
+        self.error = error
+
+
+class GroupCommit(Generic[T]):
+    """Writes queued works in shared transactions (module docstring). ``lanes``: batches in
+    flight at once (each holds one connection of the engine's pool), more while batches stall,
+    up to ``max_lanes``; ``kind`` labels its metrics; ``prologue``: a
+    statement run first in each batch's transaction (the claims' ``lock_timeout``);
+    ``new_key``: the batch claims new keys (``atomic``'s option: refused first on a nearly
+    full SQLite disk)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        kind: str,
+        lanes: int,
+        max_lanes: int | None = None,
+        max_batch: int = MAX_BATCH,
+        prologue: str | None = None,
+        new_key: bool = False,
+        queue_timeout: float | None = None,
+    ) -> None:
+        self.engine = engine
+        self._transactions = GROUP_COMMIT_TRANSACTIONS.labels(kind)
+        self._writes = GROUP_COMMIT_WRITES.labels(kind)
+        self.lanes = max(1, lanes)
+        self.max_lanes = max(self.lanes, max_lanes or self.lanes)
+        self.max_batch = max(1, max_batch)
+        self.prologue = prologue
+        self.new_key = new_key
+        self.queue_timeout = queue_timeout
+        self._pending: list[tuple[Work[T], asyncio.Future[T]]] = []
+        self._running: dict[int, float] = {}  # batch number → when it started (loop time)
+        self._partitions: dict[int, object] = {}  # id(future) → its work's partition
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0  # transactions begun (committed or not): for tests and the benchmark
+        self.writes = 0
+
+    async def run(self, work: Work[T], *, partition: object = None) -> T:
+        """``work``'s result once its batch has committed; else the batch's error (or the
+        work's own). A work still queued after ``queue_timeout`` (every lane taken by
+        stalled batches) is taken out of the queue, never written, and raises
+        ``StorageUnavailableError`` — as a write waiting that long for a connection would."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        entry = (work, future)
+        self._pending.append(entry)
+        self._partitions[id(future)] = partition
+        self._start()
+        try:
+            done, _ = await asyncio.wait({future}, timeout=self.queue_timeout)
+        except BaseException:
+            future.cancel()  # its waiter stopped waiting: left out if not started yet
+            raise
+        if not done and entry in self._pending:
+            self._pending.remove(entry)
+            self._partitions.pop(id(future), None)
+            future.cancel()
+            raise StorageUnavailableError("no lane for the write in time: nothing was written")
+        return await future
+
+    def _capacity(self, now: float) -> int:
+        stalled = sum(1 for started in self._running.values() if now - started >= STALL_S)
+        return min(self.max_lanes, self.lanes + stalled)
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending and len(self._running) < self._capacity(loop.time()):
+            batch = self._take()
+            self.batches += 1
+            number = self.batches
+            self._running[number] = loop.time()
+            task = asyncio.create_task(self._write(number, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._pending and self._timer is None and len(self._running) < self.max_lanes:
+            self._timer = loop.call_later(STALL_S, self._tick)  # look again for a stall
+
+    def _take(self) -> list[tuple[Work[T], asyncio.Future[T]]]:
+        """The next batch: the oldest queued work and those queued after it in the same
+        partition, up to ``max_batch``."""
+        first = self._partitions.get(id(self._pending[0][1]))
+        batch: list[tuple[Work[T], asyncio.Future[T]]] = []
+        rest: list[tuple[Work[T], asyncio.Future[T]]] = []
+        for entry in self._pending:
+            same = self._partitions.get(id(entry[1])) == first
+            (batch if same and len(batch) < self.max_batch else rest).append(entry)
+        self._pending = rest
+        for _work, future in batch:
+            self._partitions.pop(id(future), None)
+        return batch
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._start()
+
+    async def _write(self, number: int, batch: list[tuple[Work[T], asyncio.Future[T]]]) -> None:
+        try:
+            while True:
+                batch = [(work, future) for work, future in batch if not future.done()]
+                if not batch:
+                    return
+                failed = await self._attempt(batch)
+                if failed is None:
+                    return
+                del batch[failed]  # answered with its own error; the rest go again
+                self.batches += 1
+        finally:
+            del self._running[number]
+            self._start()
+
+    async def _attempt(self, batch: list[tuple[Work[T], asyncio.Future[T]]]) -> int | None:
+        """One transaction for ``batch``: None when every waiter was answered, else the index
+        of the one work that failed on its own (answered; the transaction rolled back)."""
+        self._transactions.inc()
+        results: list[T] = []
+        try:
+            async with atomic(self.engine, new_key=self.new_key) as conn:
+                if self.prologue is not None:
+                    await conn.exec_driver_sql(self.prologue)
+                for index, (work, _future) in enumerate(batch):
+                    try:
+                        results.append(await work(conn))
+                    except Exception as exc:
+                        if len(batch) == 1 or storage_unavailable(exc):
+                            raise  # the batch's fate: every waiter gets it
+                        raise _WorkFailed(index, exc) from exc
+        except _WorkFailed as failed:
+            _answer(batch[failed.index][1], error=failed.error)
+            return failed.index
+        except BaseException as exc:
+            for _work, future in batch:
+                _answer(future, error=exc)
+            if not isinstance(exc, Exception):
+                raise
+            return None
+        self.writes += len(batch)
+        self._writes.inc(len(batch))
+        for (_work, future), result in zip(batch, results, strict=True):
+            _answer(future, result=result)
+        return None
+
+    async def close(self) -> None:
+        """Wait for the batches in flight (the server's shutdown, after the last request)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _answer(
+    future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None
+) -> None:
+    if future.done():  # its waiter stopped waiting
+        return
+    if error is not None and not isinstance(error, Exception):
+        future.cancel()  # the batch itself was cancelled (the server stopping)
+    elif error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

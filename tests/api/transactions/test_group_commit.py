@@ -1,0 +1,399 @@
+"""Group commit of the create's writes (api/transactions/group_commit.py), on both backends:
+many claims per commit and many finishes per commit, each create still answered from its
+own write; a key held by another transaction fails alone and its batch-mates are written
+again; a batch whose transaction fails answers every waiter with that failure."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from api.acquirer.types import Authorization, AuthorizationRequest, ReversalRequest
+from api.config import Settings
+from api.db import create_engine
+from api.idempotency.keys import body_fingerprint
+from api.storage_errors import StorageUnavailableError
+from api.transactions import service as service_module
+from api.transactions.group_commit import GroupCommit
+from api.transactions.schemas import TransactionCreate
+from api.transactions.service import CLAIM_LOCK_TIMEOUT, TransactionService
+from tests.support.backend import Backend
+from tests.support.client import body, card
+
+MERCHANT = "mer_group_commit"
+CREATES = 40
+
+
+class CountingAcquirer:
+    """Approves each 0200 after a short pause (a network round trip), and counts them."""
+
+    def __init__(self) -> None:
+        self.rrns: list[str] = []
+
+    async def authorize(self, req: AuthorizationRequest, *, timeout_s: float) -> Authorization:
+        self.rrns.append(req.rrn)
+        await asyncio.sleep(0.005)
+        return Authorization(
+            approved=True,
+            authorization_code="A00001",
+            decline_reason=None,
+            response_code="00",
+            stan="000001",
+        )
+
+    async def advise_sale(
+        self, req: AuthorizationRequest, *, repeat: bool, timeout_s: float
+    ) -> Authorization:
+        raise AssertionError("no advice here")
+
+    async def reverse(self, req: ReversalRequest, *, timeout_s: float) -> bool:
+        return True
+
+    async def advise(self, req: ReversalRequest, *, timeout_s: float) -> bool:
+        return True
+
+
+@pytest.fixture
+async def service(private_backend: Backend) -> AsyncIterator[TransactionService]:
+    settings = Settings(
+        database_url=private_backend.database_url,
+        var_dir=private_backend.tmp / "var",
+        db_pool_size=8,
+        redis_url=None,
+    )
+    engine = create_engine(settings)
+    try:
+        yield TransactionService(engine, CountingAcquirer(), settings)
+    finally:
+        await engine.dispose()
+
+
+def _payment(amount: int) -> tuple[str, TransactionCreate, str]:
+    payment = TransactionCreate.model_validate(body(amount=amount, card=card("tok_visa_4242")))
+    return str(uuid.uuid4()), payment, body_fingerprint(payment)
+
+
+async def _counts(service: TransactionService, keys: list[str]) -> dict[str, tuple[int, int]]:
+    """Per key: (its transactions, its charge ledger entries)."""
+    async with service.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(
+                    'SELECT t.id, count(DISTINCT t.id), count(l.entry_id) FROM "transaction" t'
+                    " LEFT JOIN ledger_entry l ON l.transaction_id = t.id AND l.kind = 'charge'"
+                    " WHERE t.merchant_id = :m GROUP BY t.id"
+                ),
+                {"m": MERCHANT},
+            )
+        ).all()
+    return {row[0]: (row[1], row[2]) for row in rows if row[0] in keys}
+
+
+async def test_concurrent_creates_share_commits_and_each_is_written_once(
+    service: TransactionService,
+) -> None:
+    payments = [_payment(100 + n) for n in range(CREATES)]
+    outcomes = await asyncio.gather(
+        *(service.create(MERCHANT, key, payment, fp) for key, payment, fp in payments)
+    )
+    assert [outcome.status for outcome in outcomes] == [201] * CREATES
+    for (key, payment, _fp), outcome in zip(payments, outcomes, strict=True):
+        assert f'"id":"{key}"'.encode() in outcome.body.replace(b" ", b"")
+        assert f'"amount":{payment.amount}'.encode() in outcome.body.replace(b" ", b"")
+    assert service.claims.writes == CREATES and service.finishes.writes == CREATES
+    # Many claims per commit and many finishes per commit: fewer transactions than creates.
+    assert service.claims.batches < CREATES, service.claims.batches
+    assert service.finishes.batches < CREATES, service.finishes.batches
+    keys = [key for key, _p, _f in payments]
+    assert await _counts(service, keys) == {key: (1, 1) for key in keys}
+    assert len(service.acquirer.rrns) == CREATES  # type: ignore[attr-defined]
+    # Replays answer from each key's own stored response.
+    again = await asyncio.gather(
+        *(service.create(MERCHANT, key, payment, fp) for key, payment, fp in payments)
+    )
+    assert [outcome.body for outcome in again] == [outcome.body for outcome in outcomes]
+    assert len(service.acquirer.rrns) == CREATES  # type: ignore[attr-defined]
+
+
+async def test_a_held_key_fails_alone_and_its_batch_mates_are_written(
+    private_pg_backend: Backend,
+) -> None:
+    backend = private_pg_backend
+    assert backend.database_url is not None
+    settings = Settings(
+        database_url=backend.database_url, var_dir=backend.tmp / "var", redis_url=None
+    )
+    engine = create_engine(settings)
+    service = TransactionService(engine, CountingAcquirer(), settings)
+    # One lane that never widens, held by a gate until every create below has queued: they
+    # are then written as one batch, the held key among them.
+    service.claims = GroupCommit(
+        engine, kind="claim", lanes=1, max_lanes=1, prologue=CLAIM_LOCK_TIMEOUT, new_key=True
+    )
+    gate = asyncio.Event()
+
+    async def hold_the_lane(conn: AsyncConnection) -> bool:
+        await gate.wait()
+        return False
+
+    holder = await asyncpg.connect(backend.database_url.replace("+asyncpg", ""))
+    try:
+        held_key, held_payment, held_fp = _payment(999)
+        held = holder.transaction()
+        await held.start()
+        await holder.execute(  # another create's claim, not committed
+            "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
+            " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
+            MERCHANT,
+            held_key,
+        )
+        others = [_payment(200 + n) for n in range(12)]
+        lane = asyncio.ensure_future(service.claims.run(hold_the_lane))
+        creates = asyncio.gather(
+            service.create(MERCHANT, held_key, held_payment, held_fp),
+            *(service.create(MERCHANT, key, payment, fp) for key, payment, fp in others),
+        )
+        for _ in range(3000):
+            if len(service.claims._pending) == 1 + len(others):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the creates did not queue behind the held lane")
+        gate.set()
+        outcomes = await creates
+        assert await lane is False
+        assert outcomes[0].status == 409 and b"request_in_progress" in outcomes[0].body
+        assert [outcome.status for outcome in outcomes[1:]] == [201] * len(others)
+        await held.rollback()
+        keys = [key for key, _p, _f in others]
+        assert await _counts(service, keys) == {key: (1, 1) for key in keys}
+        # the gate's batch; the batch of 13, rolled back at the held key; the 12 again
+        assert service.claims.batches == 3, service.claims.batches
+        assert service.claims.writes == 1 + len(others)
+    finally:
+        await holder.close()
+        await engine.dispose()
+
+
+async def test_a_failed_batch_answers_every_waiter_with_its_error(
+    private_backend: Backend,
+) -> None:
+    settings = Settings(
+        database_url=private_backend.database_url,
+        var_dir=private_backend.tmp / "var",
+        redis_url=None,
+    )
+    engine = create_engine(settings)
+    committer: GroupCommit[int] = GroupCommit(engine, kind="claim", lanes=1)
+    try:
+        gate = asyncio.Event()
+
+        async def slow(conn: AsyncConnection) -> int:
+            await gate.wait()  # holds the lane while the others queue
+            return 0
+
+        def write(n: int) -> object:
+            async def work(conn: AsyncConnection) -> int:
+                await conn.execute(text("SELECT 1"))
+                if n == 3:  # a statement error of its own (not an outage)
+                    await conn.execute(
+                        text("INSERT INTO idempotency_key (merchant_id, key) VALUES (NULL, NULL)")
+                    )
+                return n
+
+            return work
+
+        first = asyncio.ensure_future(committer.run(slow))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(committer.run(write(n))) for n in range(6)]  # type: ignore[arg-type]
+        gate.set()
+        assert await first == 0
+        results = await asyncio.gather(*queued, return_exceptions=True)
+        # The failing work is answered with its own error; the others went again, together.
+        assert [r for r in results if isinstance(r, Exception)] == [results[3]]
+        assert "null" in str(results[3]).lower()
+        assert [r for r in results if not isinstance(r, Exception)] == [0, 1, 2, 4, 5]
+        assert committer.batches == 3 and committer.writes == 6
+    finally:
+        await committer.close()
+        await engine.dispose()
+
+
+async def test_a_batch_whose_transaction_fails_answers_every_waiter_with_that_failure(
+    private_backend: Backend,
+) -> None:
+    settings = Settings(
+        database_url=private_backend.database_url,
+        var_dir=private_backend.tmp / "var",
+        redis_url=None,
+    )
+    engine = create_engine(settings)
+    # The batch's own first statement fails: nothing of any work is written.
+    committer: GroupCommit[int] = GroupCommit(
+        engine, kind="claim", lanes=1, prologue="SELECT idempay_no_such_column FROM idempotency_key"
+    )
+    ran: list[int] = []
+    try:
+
+        def write(n: int) -> object:
+            async def work(conn: AsyncConnection) -> int:
+                ran.append(n)
+                return n
+
+            return work
+
+        results = await asyncio.gather(
+            *(committer.run(write(n)) for n in range(5)),  # type: ignore[arg-type]
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, Exception) for r in results), results
+        assert all("idempay_no_such_column" in str(r) for r in results)
+        assert ran == [] and committer.writes == 0
+    finally:
+        await committer.close()
+        await engine.dispose()
+
+
+async def test_a_write_queued_past_the_timeout_is_never_written_and_says_so(
+    private_backend: Backend,
+) -> None:
+    settings = Settings(
+        database_url=private_backend.database_url,
+        var_dir=private_backend.tmp / "var",
+        redis_url=None,
+    )
+    engine = create_engine(settings)
+    committer: GroupCommit[int] = GroupCommit(
+        engine, kind="claim", lanes=1, max_lanes=1, queue_timeout=0.3
+    )
+    gate = asyncio.Event()
+    ran: list[str] = []
+    try:
+
+        async def stalled(conn: AsyncConnection) -> int:
+            ran.append("stalled")
+            await gate.wait()  # every lane taken (a commit waiting on a standby that is gone)
+            return 0
+
+        async def queued(conn: AsyncConnection) -> int:
+            ran.append("queued")
+            return 1
+
+        lane = asyncio.ensure_future(committer.run(stalled))
+        await asyncio.sleep(0.05)
+        with pytest.raises(StorageUnavailableError, match="nothing was written"):
+            await committer.run(queued)
+        gate.set()
+        assert await lane == 0  # the stalled batch started before the bound: it is waited for
+        await asyncio.sleep(0.05)
+        assert ran == ["stalled"] and committer.writes == 1  # the queued work never ran
+    finally:
+        await committer.close()
+        await engine.dispose()
+
+
+async def test_same_key_claims_whose_commit_acknowledgement_is_lost_send_one_0200(
+    private_pg_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five creates of one key and body in one batch of claims, the batch committed and its
+    acknowledgement lost (the connection dropped after the COMMIT reached the WAL): each
+    reads the key back, and only the create whose claim the row is — by fingerprint and
+    claim time — drives it. Every create here runs in the same microsecond (the clock
+    frozen), so claim times must be unique per process, or all five take the row for
+    theirs and send five 0200s."""
+    backend = private_pg_backend
+    settings = Settings(
+        database_url=backend.database_url, var_dir=backend.tmp / "var", redis_url=None
+    )
+    engine = create_engine(settings)
+    acquirer = CountingAcquirer()
+    service = TransactionService(engine, acquirer, settings)
+    frozen = service_module.utcnow()
+    monkeypatch.setattr(service_module, "utcnow", lambda: frozen)
+    committed = service.claims.run
+
+    async def acknowledgement_lost(work: Any, *, partition: object = None) -> bool:
+        await committed(work, partition=partition)
+        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost after COMMIT")
+
+    service.claims.run = acknowledgement_lost  # type: ignore[method-assign]
+    try:
+        key, payment, fp = _payment(555)
+        outcomes = await asyncio.gather(
+            *(service.create(MERCHANT, key, payment, fp) for _ in range(5))
+        )
+        assert len(acquirer.rrns) == 1, acquirer.rrns
+        statuses = sorted(outcome.status for outcome in outcomes)
+        assert statuses.count(201) == 1 and set(statuses) <= {201, 202, 409}, statuses
+        assert await _counts(service, [key]) == {key: (1, 1)}
+    finally:
+        await service.drain(5)
+        await engine.dispose()
+
+
+async def test_claim_times_are_unique_yet_follow_a_clock_stepped_back(
+    service: TransactionService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims of one microsecond get distinct times; a wall clock stepped back an hour (an
+    NTP correction) is followed at once — a claim time held an hour ahead would stretch
+    every lease by that hour."""
+    now = service_module.utcnow()
+    monkeypatch.setattr(service_module, "utcnow", lambda: now)
+    first, second, third = (service._claim_time() for _ in range(3))
+    assert first < second < third and third - first < timedelta(milliseconds=1)
+    back = now - timedelta(hours=1)
+    monkeypatch.setattr(service_module, "utcnow", lambda: back)
+    assert service._claim_time() == back
+
+
+async def test_a_batch_holds_one_partition_only(private_backend: Backend) -> None:
+    """On Citus the partition is the merchant: a batch is one shard's transaction. Works of
+    two partitions queued together go in two batches, each in its queue order."""
+    settings = Settings(
+        database_url=private_backend.database_url,
+        var_dir=private_backend.tmp / "var",
+        redis_url=None,
+    )
+    engine = create_engine(settings)
+    committer: GroupCommit[str] = GroupCommit(engine, kind="claim", lanes=1, max_lanes=1)
+    gate = asyncio.Event()
+    batches: list[list[str]] = []
+    try:
+
+        async def hold(conn: AsyncConnection) -> str:
+            await gate.wait()
+            return "gate"
+
+        def write(name: str) -> object:
+            async def work(conn: AsyncConnection) -> str:
+                if not batches or batches[-1][-1] == "end":
+                    batches.append([])
+                batches[-1].append(name)
+                return name
+
+            return work
+
+        lane = asyncio.ensure_future(committer.run(hold))
+        await asyncio.sleep(0.05)
+        names = ["a1", "b1", "a2", "b2", "a3"]
+        queued = [
+            asyncio.ensure_future(committer.run(write(n), partition=n[0]))  # type: ignore[arg-type]
+            for n in names
+        ]
+        await asyncio.sleep(0.05)
+        gate.set()
+        assert await lane == "gate"
+        assert await asyncio.gather(*queued) == names
+        assert committer.batches == 3  # the gate's; a1 a2 a3; b1 b2
+        assert committer.writes == 6
+    finally:
+        await committer.close()
+        await engine.dispose()
