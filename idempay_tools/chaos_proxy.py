@@ -37,6 +37,7 @@ import ipaddress
 import itertools
 import logging
 import random
+import signal
 import socket
 import struct
 import threading
@@ -543,8 +544,15 @@ def build(argv: list[str] | None = None) -> ChaosProxy:
 
 
 async def _serve(proxy: ChaosProxy) -> None:
+    """Serve until SIGINT or SIGTERM. The handlers are installed here, not left to
+    asyncio.run: a process started in the background of a non-interactive shell inherits
+    SIGINT ignored, and asyncio.run then never sees the interrupt."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     async with proxy:
-        await asyncio.Event().wait()
+        await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> None:

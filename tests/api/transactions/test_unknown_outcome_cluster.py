@@ -45,17 +45,21 @@ class _Cluster:
         self.dsn = f"postgresql://postgres@127.0.0.1:{pg.port}/postgres"
 
     async def sql(self, statement: str) -> None:
-        for _ in range(100):  # the cluster may be recovering
+        # The cluster may be recovering from a cut: a connection refused, or one ended by the
+        # postmaster mid-statement (ALTER SYSTEM and pg_reload_conf are idempotent).
+        for _ in range(300):
             try:
                 conn = await asyncpg.connect(self.dsn, timeout=2)
-            except (OSError, asyncpg.PostgresError):
+            except (OSError, asyncio.TimeoutError, asyncpg.PostgresError):
                 await asyncio.sleep(0.1)
                 continue
             try:
-                await conn.execute(statement)
+                await conn.execute(statement, timeout=10)
                 return
+            except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                await asyncio.sleep(0.1)
             finally:
-                await conn.close()
+                conn.terminate()
         raise AssertionError("the cluster did not come back")
 
     async def standby_that_never_answers(self, on: bool) -> None:
