@@ -50,13 +50,13 @@ class _Cluster:
         for _ in range(300):
             try:
                 conn = await asyncpg.connect(self.dsn, timeout=2)
-            except (OSError, asyncio.TimeoutError, asyncpg.PostgresError):
+            except (TimeoutError, OSError, asyncpg.PostgresError):
                 await asyncio.sleep(0.1)
                 continue
             try:
                 await conn.execute(statement, timeout=10)
                 return
-            except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await asyncio.sleep(0.1)
             finally:
                 conn.terminate()
