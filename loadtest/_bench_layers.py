@@ -10,9 +10,11 @@ issued by the request-events flush lands in "SQL" (a batch per 100 events: small
 Layers: ASGI/HTTP (uvicorn, httptools, Starlette, FastAPI routing, idempay's middlewares and
 the router's response), auth, rate limit, validation (JSON decode, PAN scan, pydantic,
 headers), fingerprint (canonical body + sha256), SQL (SQLAlchemy, asyncpg, aiosqlite/sqlite3,
-``api/db.py``, the store/repository/outbox/issuer statements), service (transaction and
-response rendering, hashes, the issuer decision), metrics (prometheus_client), logs
-(structlog, logging), request events, event loop (asyncio, uvloop, native frames).
+``api/db.py``, the store/repository/outbox statements, group commit), acquirer link
+(pyiso8583's encode/decode, framing, the 0200's fields, STAN matching, the reader task),
+service (transaction and response rendering, hashes, the create's phases), metrics
+(prometheus_client), logs (structlog, logging), request events, event loop (asyncio,
+uvloop, native frames).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ LAYERS = (
     "validation",
     "fingerprint",
     "SQL",
+    "acquirer link",
     "service",
     "metrics",
     "logs",
@@ -43,6 +46,8 @@ _MARKERS: tuple[tuple[str, str], ...] = (
     ("api/logs.py", "logs"),
     ("body_fingerprint", "fingerprint"),
     ("fingerprint (api/idempotency/keys.py", "fingerprint"),
+    ("iso8583/", "acquirer link"),  # pyiso8583's encode/decode
+    ("api/acquirer/", "acquirer link"),  # framing, the 0200's fields, STAN matching, reader
     ("api/ratelimit.py", "rate limit"),
     ("limits/", "rate limit"),
     ("api/auth.py", "auth"),
@@ -55,7 +60,7 @@ _MARKERS: tuple[tuple[str, str], ...] = (
     ("api/idempotency/store.py", "SQL"),
     ("insert_transaction (api/transactions/repository.py", "SQL"),
     ("append (api/outbox/writer.py", "SQL"),
-    ("_record (api/transactions/issuer.py", "SQL"),
+    ("api/transactions/group_commit.py", "SQL"),
     ("api/transactions/http.py", "validation"),
     ("api/transactions/pan.py", "validation"),
     ("api/transactions/schemas.py", "validation"),
@@ -63,7 +68,9 @@ _MARKERS: tuple[tuple[str, str], ...] = (
     ("pydantic", "validation"),
     ("api/transactions/repository.py", "service"),
     ("api/transactions/service.py", "service"),
-    ("api/transactions/issuer.py", "service"),
+    ("api/transactions/acquire.py", "service"),
+    ("api/transactions/unknown_outcome.py", "service"),
+    ("api/transactions/waiting.py", "service"),
     ("api/transactions/outcome.py", "service"),
     ("api/idempotency/", "service"),
     ("uvicorn/", "ASGI/HTTP"),
@@ -73,6 +80,7 @@ _MARKERS: tuple[tuple[str, str], ...] = (
     ("api/http_limits.py", "ASGI/HTTP"),
     ("api/main.py", "ASGI/HTTP"),
     ("api/transactions/router.py", "ASGI/HTTP"),
+    ("api/transactions/lean.py", "ASGI/HTTP"),
     ("api/errors.py", "ASGI/HTTP"),
 )
 
