@@ -16,22 +16,18 @@ make it fail. Then a create whose claim waits on another create's uncommitted ro
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
 
-from api.acquirer.types import Authorization, AuthorizationRequest, ReversalRequest
-from api.config import Settings
-from api.db import create_engine
-from api.idempotency.keys import body_fingerprint
+from api.acquirer.types import AuthorizationRequest
 from api.storage_errors import StorageUnavailableError
-from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
 from tests.support.backend import Backend
-from tests.support.client import body, card
+from tests.support.stalls import dsn, held_key
+from tests.support.transaction_service import ApprovingAcquirer, new_payment, running_service
 
 MERCHANT = "mer_claimed_never_503"
 
@@ -54,17 +50,16 @@ class ReadFault:
         service.read = read  # type: ignore[method-assign]
 
 
-class TakeoverAcquirer:
+class TakeoverAcquirer(ApprovingAcquirer):
     """Approves every 0200 — after taking the key's lease over in the database (what the
     completer does to a key whose owner looks gone) and arming the read fault."""
 
     def __init__(self, dsn: str) -> None:
+        super().__init__()
         self.dsn = dsn
         self.fault: ReadFault | None = None
-        self.authorized: list[str] = []
 
-    async def authorize(self, req: AuthorizationRequest, *, timeout_s: float) -> Authorization:
-        self.authorized.append(req.rrn)
+    async def before_approval(self, req: AuthorizationRequest) -> None:
         conn = await asyncpg.connect(self.dsn)
         try:
             taken = await conn.execute(
@@ -77,47 +72,13 @@ class TakeoverAcquirer:
         assert taken == "UPDATE 1", taken
         assert self.fault is not None
         self.fault.armed = True
-        return Authorization(
-            approved=True,
-            authorization_code="A00001",
-            decline_reason=None,
-            response_code="00",
-            stan="000001",
-        )
-
-    async def advise_sale(
-        self, req: AuthorizationRequest, *, repeat: bool, timeout_s: float
-    ) -> Authorization:
-        raise AssertionError("no advice here")
-
-    async def reverse(self, req: ReversalRequest, *, timeout_s: float) -> bool:
-        return True
-
-    async def advise(self, req: ReversalRequest, *, timeout_s: float) -> bool:
-        return True
 
 
 @pytest.fixture
 async def service(private_pg_backend: Backend) -> AsyncIterator[TransactionService]:
-    backend = private_pg_backend
-    assert backend.database_url is not None
-    settings = Settings(
-        database_url=backend.database_url,
-        var_dir=backend.tmp / "var",
-        db_pool_size=2,
-        redis_url=None,
-    )
-    engine = create_engine(settings)
-    acquirer = TakeoverAcquirer(backend.database_url.replace("+asyncpg", ""))
-    try:
-        yield TransactionService(engine, acquirer, settings)
-    finally:
-        await engine.dispose()
-
-
-def _payment(amount: int) -> tuple[str, TransactionCreate, str]:
-    payment = TransactionCreate.model_validate(body(amount=amount, card=card("tok_visa_4242")))
-    return str(uuid.uuid4()), payment, body_fingerprint(payment)
+    acquirer = TakeoverAcquirer(dsn(private_pg_backend))
+    async with running_service(private_pg_backend, acquirer, db_pool_size=2) as service:
+        yield service
 
 
 async def test_a_lost_lease_then_an_unreadable_key_is_202_not_503(
@@ -126,9 +87,9 @@ async def test_a_lost_lease_then_an_unreadable_key_is_202_not_503(
     acquirer = service.acquirer
     assert isinstance(acquirer, TakeoverAcquirer)
     acquirer.fault = fault = ReadFault(service)
-    key, payment, fingerprint = _payment(1250)
+    key, payment, fingerprint = new_payment(1250)
     outcome = await service.create(MERCHANT, key, payment, fingerprint)
-    assert acquirer.authorized, "the 0200 left"
+    assert acquirer.rrns, "the 0200 left"
     assert fault.failed >= 1, "the read after the lost lease met the fault"
     assert outcome.status == 202, (outcome.status, outcome.body)
     fault.armed = False
@@ -140,18 +101,9 @@ async def test_a_held_key_whose_read_fails_is_409_not_503(
     service: TransactionService, private_pg_backend: Backend
 ) -> None:
     fault = ReadFault(service)
-    key, payment, fingerprint = _payment(990)
-    assert private_pg_backend.database_url is not None
-    holder = await asyncpg.connect(private_pg_backend.database_url.replace("+asyncpg", ""))
-    try:
-        held = holder.transaction()
-        await held.start()
-        await holder.execute(  # another create's claim, not committed yet
-            "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
-            " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
-            MERCHANT,
-            key,
-        )
+    key, payment, fingerprint = new_payment(990)
+    # another create's claim, not committed yet
+    async with held_key(dsn(private_pg_backend), MERCHANT, key) as held:
         original = fault._read
 
         async def first_read_then_fail(merchant_id: str, key: str) -> Any:
@@ -165,7 +117,5 @@ async def test_a_held_key_whose_read_fails_is_409_not_503(
         assert fault.failed == 1, "the read after the lock timeout met the fault"
         assert outcome.status == 409, (outcome.status, outcome.body)
         assert b"request_in_progress" in outcome.body
-        await held.rollback()
-    finally:
-        await holder.close()
-    assert service.acquirer.authorized == []  # type: ignore[attr-defined]
+        await held.release()
+    assert service.acquirer.rrns == []  # type: ignore[attr-defined]

@@ -6,7 +6,6 @@ again; a batch whose transaction fails answers every waiter with that failure.""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -14,71 +13,41 @@ from typing import Any
 import asyncpg
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from api.acquirer.types import Authorization, AuthorizationRequest, ReversalRequest
-from api.config import Settings
-from api.db import create_engine
-from api.idempotency.keys import body_fingerprint
 from api.storage_errors import StorageUnavailableError
 from api.transactions import service as service_module
 from api.transactions.group_commit import GroupCommit
-from api.transactions.schemas import TransactionCreate
 from api.transactions.service import CLAIM_LOCK_TIMEOUT, TransactionService
 from tests.support.backend import Backend
-from tests.support.client import body, card
+from tests.support.stalls import dsn, held_key
+from tests.support.transaction_service import (
+    ApprovingAcquirer,
+    new_payment,
+    private_engine,
+    running_service,
+    transaction_service,
+)
 
 MERCHANT = "mer_group_commit"
 CREATES = 40
 
 
-class CountingAcquirer:
+def counting_acquirer() -> ApprovingAcquirer:
     """Approves each 0200 after a short pause (a network round trip), and counts them."""
-
-    def __init__(self) -> None:
-        self.rrns: list[str] = []
-
-    async def authorize(self, req: AuthorizationRequest, *, timeout_s: float) -> Authorization:
-        self.rrns.append(req.rrn)
-        await asyncio.sleep(0.005)
-        return Authorization(
-            approved=True,
-            authorization_code="A00001",
-            decline_reason=None,
-            response_code="00",
-            stan="000001",
-        )
-
-    async def advise_sale(
-        self, req: AuthorizationRequest, *, repeat: bool, timeout_s: float
-    ) -> Authorization:
-        raise AssertionError("no advice here")
-
-    async def reverse(self, req: ReversalRequest, *, timeout_s: float) -> bool:
-        return True
-
-    async def advise(self, req: ReversalRequest, *, timeout_s: float) -> bool:
-        return True
+    return ApprovingAcquirer(pause=0.005)
 
 
 @pytest.fixture
 async def service(private_backend: Backend) -> AsyncIterator[TransactionService]:
-    settings = Settings(
-        database_url=private_backend.database_url,
-        var_dir=private_backend.tmp / "var",
-        db_pool_size=8,
-        redis_url=None,
-    )
-    engine = create_engine(settings)
-    try:
-        yield TransactionService(engine, CountingAcquirer(), settings)
-    finally:
-        await engine.dispose()
+    async with running_service(private_backend, counting_acquirer(), db_pool_size=8) as service:
+        yield service
 
 
-def _payment(amount: int) -> tuple[str, TransactionCreate, str]:
-    payment = TransactionCreate.model_validate(body(amount=amount, card=card("tok_visa_4242")))
-    return str(uuid.uuid4()), payment, body_fingerprint(payment)
+@pytest.fixture
+async def engine(private_backend: Backend) -> AsyncIterator[AsyncEngine]:
+    async with private_engine(private_backend) as engine:
+        yield engine
 
 
 async def _counts(service: TransactionService, keys: list[str]) -> dict[str, tuple[int, int]]:
@@ -100,7 +69,7 @@ async def _counts(service: TransactionService, keys: list[str]) -> dict[str, tup
 async def test_concurrent_creates_share_commits_and_each_is_written_once(
     service: TransactionService,
 ) -> None:
-    payments = [_payment(100 + n) for n in range(CREATES)]
+    payments = [new_payment(100 + n) for n in range(CREATES)]
     outcomes = await asyncio.gather(
         *(service.create(MERCHANT, key, payment, fp) for key, payment, fp in payments)
     )
@@ -127,12 +96,8 @@ async def test_a_held_key_fails_alone_and_its_batch_mates_are_written(
     private_pg_backend: Backend,
 ) -> None:
     backend = private_pg_backend
-    assert backend.database_url is not None
-    settings = Settings(
-        database_url=backend.database_url, var_dir=backend.tmp / "var", redis_url=None
-    )
-    engine = create_engine(settings)
-    service = TransactionService(engine, CountingAcquirer(), settings)
+    service = transaction_service(backend, counting_acquirer())
+    engine = service.engine
     # One lane that never widens, held by a gate until every create below has queued: they
     # are then written as one batch, the held key among them.
     service.claims = GroupCommit(
@@ -144,54 +109,40 @@ async def test_a_held_key_fails_alone_and_its_batch_mates_are_written(
         await gate.wait()
         return False
 
-    holder = await asyncpg.connect(backend.database_url.replace("+asyncpg", ""))
+    key, payment, fp = new_payment(999)
     try:
-        held_key, held_payment, held_fp = _payment(999)
-        held = holder.transaction()
-        await held.start()
-        await holder.execute(  # another create's claim, not committed
-            "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
-            " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
-            MERCHANT,
-            held_key,
-        )
-        others = [_payment(200 + n) for n in range(12)]
-        lane = asyncio.ensure_future(service.claims.run(hold_the_lane))
-        creates = asyncio.gather(
-            service.create(MERCHANT, held_key, held_payment, held_fp),
-            *(service.create(MERCHANT, key, payment, fp) for key, payment, fp in others),
-        )
-        for _ in range(3000):
-            if len(service.claims._pending) == 1 + len(others):
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the creates did not queue behind the held lane")
-        gate.set()
-        outcomes = await creates
-        assert await lane is False
-        assert outcomes[0].status == 409 and b"request_in_progress" in outcomes[0].body
-        assert [outcome.status for outcome in outcomes[1:]] == [201] * len(others)
-        await held.rollback()
-        keys = [key for key, _p, _f in others]
-        assert await _counts(service, keys) == {key: (1, 1) for key in keys}
-        # the gate's batch; the batch of 13, rolled back at the held key; the 12 again
-        assert service.claims.batches == 3, service.claims.batches
-        assert service.claims.writes == 1 + len(others)
+        # another create's claim, not committed
+        async with held_key(dsn(backend), MERCHANT, key) as held:
+            others = [new_payment(200 + n) for n in range(12)]
+            lane = asyncio.ensure_future(service.claims.run(hold_the_lane))
+            creates = asyncio.gather(
+                service.create(MERCHANT, key, payment, fp),
+                *(service.create(MERCHANT, k, p, f) for k, p, f in others),
+            )
+            for _ in range(3000):
+                if len(service.claims._pending) == 1 + len(others):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the creates did not queue behind the held lane")
+            gate.set()
+            outcomes = await creates
+            assert await lane is False
+            assert outcomes[0].status == 409 and b"request_in_progress" in outcomes[0].body
+            assert [outcome.status for outcome in outcomes[1:]] == [201] * len(others)
+            await held.release()
+            keys = [k for k, _p, _f in others]
+            assert await _counts(service, keys) == {k: (1, 1) for k in keys}
+            # the gate's batch; the batch of 13, rolled back at the held key; the 12 again
+            assert service.claims.batches == 3, service.claims.batches
+            assert service.claims.writes == 1 + len(others)
     finally:
-        await holder.close()
         await engine.dispose()
 
 
 async def test_a_failed_batch_answers_every_waiter_with_its_error(
-    private_backend: Backend,
+    engine: AsyncEngine,
 ) -> None:
-    settings = Settings(
-        database_url=private_backend.database_url,
-        var_dir=private_backend.tmp / "var",
-        redis_url=None,
-    )
-    engine = create_engine(settings)
     committer: GroupCommit[int] = GroupCommit(engine, kind="claim", lanes=1)
     try:
         gate = asyncio.Event()
@@ -224,18 +175,11 @@ async def test_a_failed_batch_answers_every_waiter_with_its_error(
         assert committer.batches == 3 and committer.writes == 6
     finally:
         await committer.close()
-        await engine.dispose()
 
 
 async def test_a_batch_whose_transaction_fails_answers_every_waiter_with_that_failure(
-    private_backend: Backend,
+    engine: AsyncEngine,
 ) -> None:
-    settings = Settings(
-        database_url=private_backend.database_url,
-        var_dir=private_backend.tmp / "var",
-        redis_url=None,
-    )
-    engine = create_engine(settings)
     # The batch's own first statement fails: nothing of any work is written.
     committer: GroupCommit[int] = GroupCommit(
         engine, kind="claim", lanes=1, prologue="SELECT idempay_no_such_column FROM idempotency_key"
@@ -259,18 +203,11 @@ async def test_a_batch_whose_transaction_fails_answers_every_waiter_with_that_fa
         assert ran == [] and committer.writes == 0
     finally:
         await committer.close()
-        await engine.dispose()
 
 
 async def test_a_write_queued_past_the_timeout_is_never_written_and_says_so(
-    private_backend: Backend,
+    engine: AsyncEngine,
 ) -> None:
-    settings = Settings(
-        database_url=private_backend.database_url,
-        var_dir=private_backend.tmp / "var",
-        redis_url=None,
-    )
-    engine = create_engine(settings)
     committer: GroupCommit[int] = GroupCommit(
         engine, kind="claim", lanes=1, max_lanes=1, queue_timeout=0.3
     )
@@ -297,7 +234,6 @@ async def test_a_write_queued_past_the_timeout_is_never_written_and_says_so(
         assert ran == ["stalled"] and committer.writes == 1  # the queued work never ran
     finally:
         await committer.close()
-        await engine.dispose()
 
 
 async def test_same_key_claims_whose_commit_acknowledgement_is_lost_send_one_0200(
@@ -309,13 +245,8 @@ async def test_same_key_claims_whose_commit_acknowledgement_is_lost_send_one_020
     claim time — drives it. Every create here runs in the same microsecond (the clock
     frozen), so claim times must be unique per process, or all five take the row for
     theirs and send five 0200s."""
-    backend = private_pg_backend
-    settings = Settings(
-        database_url=backend.database_url, var_dir=backend.tmp / "var", redis_url=None
-    )
-    engine = create_engine(settings)
-    acquirer = CountingAcquirer()
-    service = TransactionService(engine, acquirer, settings)
+    acquirer = counting_acquirer()
+    service = transaction_service(private_pg_backend, acquirer)
     frozen = service_module.utcnow()
     monkeypatch.setattr(service_module, "utcnow", lambda: frozen)
     committed = service.claims.run
@@ -326,7 +257,7 @@ async def test_same_key_claims_whose_commit_acknowledgement_is_lost_send_one_020
 
     service.claims.run = acknowledgement_lost  # type: ignore[method-assign]
     try:
-        key, payment, fp = _payment(555)
+        key, payment, fp = new_payment(555)
         outcomes = await asyncio.gather(
             *(service.create(MERCHANT, key, payment, fp) for _ in range(5))
         )
@@ -336,7 +267,7 @@ async def test_same_key_claims_whose_commit_acknowledgement_is_lost_send_one_020
         assert await _counts(service, [key]) == {key: (1, 1)}
     finally:
         await service.drain(5)
-        await engine.dispose()
+        await service.engine.dispose()
 
 
 async def test_claim_times_are_unique_yet_follow_a_clock_stepped_back(
@@ -354,15 +285,9 @@ async def test_claim_times_are_unique_yet_follow_a_clock_stepped_back(
     assert service._claim_time() == back
 
 
-async def test_a_batch_holds_one_partition_only(private_backend: Backend) -> None:
+async def test_a_batch_holds_one_partition_only(engine: AsyncEngine) -> None:
     """On Citus the partition is the merchant: a batch is one shard's transaction. Works of
     two partitions queued together go in two batches, each in its queue order."""
-    settings = Settings(
-        database_url=private_backend.database_url,
-        var_dir=private_backend.tmp / "var",
-        redis_url=None,
-    )
-    engine = create_engine(settings)
     committer: GroupCommit[str] = GroupCommit(engine, kind="claim", lanes=1, max_lanes=1)
     gate = asyncio.Event()
     batches: list[list[str]] = []
@@ -396,4 +321,3 @@ async def test_a_batch_holds_one_partition_only(private_backend: Backend) -> Non
         assert committer.writes == 6
     finally:
         await committer.close()
-        await engine.dispose()

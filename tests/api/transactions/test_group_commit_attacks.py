@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -22,9 +21,7 @@ import asyncpg
 import pytest
 from sqlalchemy import text
 
-from api.acquirer.types import Authorization, AuthorizationRequest, ReversalRequest
-from api.config import Settings
-from api.db import create_engine
+from api.acquirer.types import Authorization, AuthorizationRequest
 from api.events.writer import RequestOutcome
 from api.idempotency.keys import body_fingerprint
 from api.storage_errors import storage_unavailable
@@ -34,40 +31,13 @@ from api.transactions.schemas import TransactionCreate
 from api.transactions.service import CLAIM_LOCK_TIMEOUT, TransactionService
 from tests.support.backend import Backend
 from tests.support.client import body, card
+from tests.support.stalls import dsn, held_key, until_lock_waiters
+from tests.support.transaction_service import ApprovingAcquirer, transaction_service
 
 T = TypeVar("T")
 M1 = "mer_gc_attack_1"
 M2 = "mer_gc_attack_2"
 POISON_AMOUNT = 777_777  # a finish of this amount fails on its own statement (a trigger)
-
-
-class RecordingAcquirer:
-    """Approves every 0200 after a short pause; records each 0200 by RRN."""
-
-    def __init__(self) -> None:
-        self.sent: Counter[str] = Counter()
-
-    async def authorize(self, req: AuthorizationRequest, *, timeout_s: float) -> Authorization:
-        self.sent[req.rrn] += 1
-        await asyncio.sleep(0.005)
-        return Authorization(
-            approved=True,
-            authorization_code="A00001",
-            decline_reason=None,
-            response_code="00",
-            stan="000001",
-        )
-
-    async def advise_sale(
-        self, req: AuthorizationRequest, *, repeat: bool, timeout_s: float
-    ) -> Authorization:
-        raise AssertionError("no offline advice here")
-
-    async def reverse(self, req: ReversalRequest, *, timeout_s: float) -> bool:
-        return True
-
-    async def advise(self, req: ReversalRequest, *, timeout_s: float) -> bool:
-        return True
 
 
 @dataclass
@@ -87,14 +57,8 @@ def _create(merchant: str, key: str, amount: int) -> Create:
 
 
 def _service(backend: Backend, **overrides: object) -> TransactionService:
-    settings = Settings(
-        database_url=backend.database_url,
-        var_dir=backend.tmp / "var",
-        db_pool_size=8,
-        redis_url=None,
-        **overrides,  # type: ignore[arg-type]
-    )
-    return TransactionService(create_engine(settings), RecordingAcquirer(), settings)
+    """Approves every 0200 after a short pause; records each 0200 by RRN."""
+    return transaction_service(backend, ApprovingAcquirer(pause=0.005), db_pool_size=8, **overrides)
 
 
 @pytest.fixture
@@ -198,7 +162,7 @@ async def _rows(service: TransactionService) -> dict[tuple[str, str], tuple[str,
 
 def _sent(service: TransactionService, merchant: str, key: str) -> int:
     acquirer = service.acquirer
-    assert isinstance(acquirer, RecordingAcquirer)
+    assert isinstance(acquirer, ApprovingAcquirer)
     return acquirer.sent[service.rrn(merchant, key)]
 
 
@@ -269,25 +233,17 @@ async def test_a_held_key_and_a_repeated_key_in_one_batch_written_again_without_
     the batch back; written again without it, k is still claimed by its first create only
     (the second sees the first's row again), and everything else is written once."""
     service = _service(private_pg_backend)
-    holder = await asyncpg.connect(private_pg_backend.url.replace("+asyncpg", ""))
+    k = str(uuid.uuid4())
+    held = _create(M1, str(uuid.uuid4()), 999)
     try:
-        k = str(uuid.uuid4())
-        held = _create(M1, str(uuid.uuid4()), 999)
-        tx = holder.transaction()
-        await tx.start()
-        await holder.execute(
-            "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
-            " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
-            held.merchant,
-            held.key,
-        )
-        others = [_create(M1, str(uuid.uuid4()), 300 + n) for n in range(4)]
-        creates = [_create(M1, k, 42), _create(M1, k, 42), held, *others]
-        claims = _one_lane_claims(service)
-        answers = await _queued_in_order(service, claims, creates)  # type: ignore[arg-type]
-        await claims.release_when_queued(len(creates))
-        outcomes = await answers
-        await tx.rollback()
+        async with held_key(dsn(private_pg_backend), held.merchant, held.key) as holder:
+            others = [_create(M1, str(uuid.uuid4()), 300 + n) for n in range(4)]
+            creates = [_create(M1, k, 42), _create(M1, k, 42), held, *others]
+            claims = _one_lane_claims(service)
+            answers = await _queued_in_order(service, claims, creates)  # type: ignore[arg-type]
+            await claims.release_when_queued(len(creates))
+            outcomes = await answers
+            await holder.release()
         statuses = [o.status for o in outcomes]
         assert sorted(statuses[:2]) == [201, 409], statuses
         assert statuses[2] == 409 and b"request_in_progress" in outcomes[2].body
@@ -298,14 +254,7 @@ async def test_a_held_key_and_a_repeated_key_in_one_batch_written_again_without_
         assert rows[(M1, k)] == ("completed", 1, 1)
         assert all(rows[(M1, c.key)] == ("completed", 1, 1) for c in others)
     finally:
-        await holder.close()
         await service.engine.dispose()
-
-
-LOCK_WAITERS = (
-    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
 
 
 async def test_a_claim_batch_whose_backend_is_terminated_mid_batch_never_lies(
@@ -316,46 +265,32 @@ async def test_a_claim_batch_whose_backend_is_terminated_mid_batch_never_lies(
     sent their INSERT: each reads its key back (absent: rolled back) and is answered 409 in
     flight — never 503 for what may have committed; the b's never sent theirs: 503, true
     (no row, no 0200). Every key sent again is then processed once."""
-    backend = private_pg_backend
-    service = _service(backend)
-    dsn = backend.url.replace("+asyncpg", "")
-    holder = await asyncpg.connect(dsn)
-    admin = await asyncpg.connect(dsn)
+    service = _service(private_pg_backend)
+    held = _create(M1, str(uuid.uuid4()), 999)
+    admin = await asyncpg.connect(dsn(private_pg_backend))
     try:
-        held = _create(M1, str(uuid.uuid4()), 999)
-        tx = holder.transaction()
-        await tx.start()
-        await holder.execute(
-            "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
-            " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
-            held.merchant,
-            held.key,
-        )
-        before = [_create(M1, str(uuid.uuid4()), 100 + n) for n in range(3)]
-        after = [_create(M1, str(uuid.uuid4()), 200 + n) for n in range(3)]
-        creates = [*before, held, *after]
-        claims = _one_lane_claims(service)
-        # long enough to be terminated while waiting on the held key
-        claims.prologue = "SET LOCAL lock_timeout = '20s'"
-        answers = await _queued_in_order(service, claims, creates)  # type: ignore[arg-type]
-        await claims.release_when_queued(len(creates))
-        for _ in range(2000):
-            waiting = [r[0] for r in await admin.fetch(LOCK_WAITERS)]
-            if waiting:
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the batch never waited on the held key")
-        assert await admin.fetchval("SELECT pg_terminate_backend($1)", waiting[0])
-        outcomes = await answers
-        statuses = [o.status for o in outcomes]
-        assert statuses[:4] == [409] * 4, [(o.status, o.body[:80]) for o in outcomes]
-        assert statuses[4:] == [503] * 3, statuses
-        rows = await _rows(service)
-        for c in creates:
-            assert (c.merchant, c.key) not in rows
-            assert _sent(service, c.merchant, c.key) == 0
-        await tx.rollback()
+        async with held_key(dsn(private_pg_backend), held.merchant, held.key) as holder:
+            before = [_create(M1, str(uuid.uuid4()), 100 + n) for n in range(3)]
+            after = [_create(M1, str(uuid.uuid4()), 200 + n) for n in range(3)]
+            creates = [*before, held, *after]
+            claims = _one_lane_claims(service)
+            # long enough to be terminated while waiting on the held key
+            claims.prologue = "SET LOCAL lock_timeout = '20s'"
+            answers = await _queued_in_order(service, claims, creates)  # type: ignore[arg-type]
+            await claims.release_when_queued(len(creates))
+            waiting = await until_lock_waiters(
+                admin, what="the batch waiting on the held key", within=20
+            )
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", waiting[0])
+            outcomes = await answers
+            statuses = [o.status for o in outcomes]
+            assert statuses[:4] == [409] * 4, [(o.status, o.body[:80]) for o in outcomes]
+            assert statuses[4:] == [503] * 3, statuses
+            rows = await _rows(service)
+            for c in creates:
+                assert (c.merchant, c.key) not in rows
+                assert _sent(service, c.merchant, c.key) == 0
+            await holder.release()
         for c in creates:
             again = await _go(service, c)
             assert again.status == 201 and again.event == RequestOutcome.CREATED, again
@@ -364,7 +299,6 @@ async def test_a_claim_batch_whose_backend_is_terminated_mid_batch_never_lies(
             assert rows[(c.merchant, c.key)] == ("completed", 1, 1)
             assert _sent(service, c.merchant, c.key) == 1
     finally:
-        await holder.close()
         await admin.close()
         await service.engine.dispose()
 
@@ -448,12 +382,12 @@ async def test_a_create_cancelled_while_its_claim_is_queued_writes_nothing(
     assert _sent(service, M1, gone.key) == 1
 
 
-class HeldSaleAcquirer(RecordingAcquirer):
+class HeldSaleAcquirer(ApprovingAcquirer):
     """Approves at once, except the 0200 of ``rrn``: it says so (``sent``) and answers once
     ``go`` is set — by then an operator holds that key's row."""
 
     def __init__(self, rrn: str) -> None:
-        super().__init__()
+        super().__init__(pause=0.005)
         self.rrn = rrn
         self.out = asyncio.Event()
         self.go = asyncio.Event()
@@ -474,22 +408,19 @@ async def test_a_key_held_by_an_operator_does_not_hold_its_finish_batch_mates(
     keys have their acquirer's approval and nothing of theirs is held: as with a
     transaction of their own, each must be written (completed, one transaction) — at the
     latest, once its lease has run out, settled — while X alone waits for the operator."""
-    backend = private_pg_backend
-    settings = Settings(
-        database_url=backend.database_url,
-        var_dir=backend.tmp / "var",
+    x = _create(M1, str(uuid.uuid4()), 4242)
+    others = [_create(M1, str(uuid.uuid4()), 700 + n) for n in range(4)]
+    acquirer = HeldSaleAcquirer("")
+    service = transaction_service(
+        private_pg_backend,
+        acquirer,
         db_pool_size=8,
-        redis_url=None,
         answer_within=0.5,
         acquirer_timeout=1.0,
         lease_seconds=1.0,  # leases of 2 s
     )
-    x = _create(M1, str(uuid.uuid4()), 4242)
-    others = [_create(M1, str(uuid.uuid4()), 700 + n) for n in range(4)]
-    acquirer = HeldSaleAcquirer("")
-    service = TransactionService(create_engine(settings), acquirer, settings)
     acquirer.rrn = service.rrn(x.merchant, x.key)
-    operator = await asyncpg.connect(backend.url.replace("+asyncpg", ""))
+    operator = await asyncpg.connect(dsn(private_pg_backend))
     held = operator.transaction()
     try:
         finishes = _one_lane_finishes(service)

@@ -1,0 +1,131 @@
+"""Stalls forced on a private Postgres database: a key held by another transaction (an
+uncommitted row, as an operator's open transaction or a stuck writer holds it), a claim that
+sleeps in a trigger (as a commit waiting on a synchronous standby, an I/O stall), and waits
+until ``pg_stat_activity`` shows the server's statement waiting on either."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+
+from tests.support.backend import Backend
+from tests.support.eventually import eventually_async
+
+# Another create's claim of a key ($1 merchant id, $2 key), left uncommitted by its holder.
+HELD_KEY_ROW = (
+    "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
+    " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())"
+)
+# The backends (other than the one asking) that wait on a lock.
+LOCK_WAITERS = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+)
+WAITING = (
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+)
+# The backends sleeping in the stalling trigger.
+SLEEPING = (
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND wait_event = 'PgSleep'"
+)
+STALL_TABLE = "claim_stall"
+STALL = f"""
+CREATE TABLE {STALL_TABLE} (key varchar(36) PRIMARY KEY, seconds float NOT NULL);
+CREATE FUNCTION {STALL_TABLE}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_sleep(s.seconds) FROM {STALL_TABLE} AS s WHERE s.key = NEW.key;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER {STALL_TABLE} BEFORE INSERT ON idempotency_key
+  FOR EACH ROW EXECUTE FUNCTION {STALL_TABLE}();
+"""
+
+
+def dsn(backend: Backend) -> str:
+    """The Postgres backend's database, as asyncpg connects to it."""
+    assert backend.database_url is not None, "a Postgres backend"
+    return backend.database_url.replace("+asyncpg", "")
+
+
+class HeldKey:
+    """A plain transaction holding an uncommitted row of a key; ``release`` rolls it back."""
+
+    def __init__(self, conn: asyncpg.Connection, tx: Any) -> None:
+        self.conn = conn
+        self._tx = tx
+        self.released = False
+
+    async def release(self) -> None:
+        if not self.released:
+            self.released = True
+            await self._tx.rollback()
+
+
+@asynccontextmanager
+async def held_key(dsn: str, merchant_id: str, key: str, **connect: Any) -> AsyncIterator[HeldKey]:
+    """Another transaction's claim of ``key``, not committed, from a connection of its own
+    (``connect``: asyncpg's options); released, if the test did not, and closed at the exit."""
+    conn = await asyncpg.connect(dsn, **connect)
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        held = HeldKey(conn, tx)
+        try:
+            await conn.execute(HELD_KEY_ROW, merchant_id, key)
+            yield held
+        finally:
+            await held.release()
+    finally:
+        await conn.close()
+
+
+async def until_seen(
+    admin: asyncpg.Connection, query: str, *, what: str, within: float, interval: float = 0.01
+) -> int:
+    """Poll ``query`` (a count) on ``admin`` until it is at least one, for ``within``
+    seconds at the most; return it."""
+    count = await eventually_async(
+        lambda: admin.fetchval(query),
+        what=what,
+        until=lambda n: n >= 1,
+        timeout=within,
+        interval=interval,
+    )
+    return int(count)
+
+
+async def until_lock_waiters(
+    admin: asyncpg.Connection, *, what: str, within: float, interval: float = 0.01
+) -> list[int]:
+    """The pids of the backends waiting on a lock, once there is one."""
+    rows = await eventually_async(
+        lambda: admin.fetch(LOCK_WAITERS), what=what, timeout=within, interval=interval
+    )
+    return [row[0] for row in rows]
+
+
+def install_stall(backend: Backend, stalls: dict[str, float]) -> None:
+    """The stalling trigger on the backend's database: the INSERT of each key of ``stalls``
+    into idempotency_key sleeps its seconds (``SLEEPING`` counts the sleepers);
+    ``stop_stalling`` empties the list."""
+
+    async def install() -> None:
+        conn = await asyncpg.connect(dsn(backend))
+        try:
+            await conn.execute(STALL)
+            for key, seconds in stalls.items():
+                await conn.execute(f"INSERT INTO {STALL_TABLE} VALUES ($1, $2)", key, seconds)
+        finally:
+            await conn.close()
+
+    asyncio.run(install())
+
+
+def stop_stalling(backend: Backend) -> None:
+    backend.sql(f"DELETE FROM {STALL_TABLE}")

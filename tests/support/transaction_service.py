@@ -1,0 +1,115 @@
+"""The create's service in the test's own event loop (no server): a ``TransactionService`` on a
+private backend, a fake acquirer that approves every 0200, and payments to send it.
+
+``transaction_service(backend, acquirer, **settings)`` is the service (its engine disposed by
+the caller, or by ``running_service`` at the exit of its ``async with``); ``private_engine``
+the same settings' engine alone (for a ``GroupCommit`` of the test's own). Every one runs
+without Redis, with the settings the test names on top of its backend's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from api.acquirer.types import Authorization, AuthorizationRequest, ReversalRequest
+from api.config import Settings
+from api.db import create_engine
+from api.idempotency.keys import body_fingerprint
+from api.transactions.schemas import TransactionCreate
+from api.transactions.service import TransactionService
+from tests.support.backend import Backend
+from tests.support.client import body, card
+
+APPROVED = Authorization(
+    approved=True,
+    authorization_code="A00001",
+    decline_reason=None,
+    response_code="00",
+    stan="000001",
+)
+
+
+class ApprovingAcquirer:
+    """The acquirer's side (``acquire.Acquirer``): approves every 0200 after ``pause``
+    seconds (a network round trip) and records its RRN (``rrns``, in order; ``sent``, a
+    count per RRN); reversals are acknowledged; an offline advice is a test's error.
+    ``before_approval`` is where a subclass acts while the 0200 is out."""
+
+    def __init__(self, *, pause: float = 0.0) -> None:
+        self.pause = pause
+        self.rrns: list[str] = []
+
+    @property
+    def sent(self) -> Counter[str]:
+        return Counter(self.rrns)
+
+    async def before_approval(self, req: AuthorizationRequest) -> None:
+        if self.pause:
+            await asyncio.sleep(self.pause)
+
+    async def authorize(self, req: AuthorizationRequest, *, timeout_s: float) -> Authorization:
+        self.rrns.append(req.rrn)
+        await self.before_approval(req)
+        return APPROVED
+
+    async def advise_sale(
+        self, req: AuthorizationRequest, *, repeat: bool, timeout_s: float
+    ) -> Authorization:
+        raise AssertionError("no offline advice here")
+
+    async def reverse(self, req: ReversalRequest, *, timeout_s: float) -> bool:
+        return True
+
+    async def advise(self, req: ReversalRequest, *, timeout_s: float) -> bool:
+        return True
+
+
+def service_settings(backend: Backend, **overrides: Any) -> Settings:
+    """The backend's database and var folder, no Redis, and ``overrides``."""
+    return Settings(
+        database_url=backend.database_url,
+        var_dir=backend.tmp / "var",
+        redis_url=None,
+        **overrides,
+    )
+
+
+def transaction_service(backend: Backend, acquirer: Any, **overrides: Any) -> TransactionService:
+    """A service on a new engine of its own (``service.engine``: the caller disposes it)."""
+    settings = service_settings(backend, **overrides)
+    return TransactionService(create_engine(settings), acquirer, settings)
+
+
+@asynccontextmanager
+async def running_service(
+    backend: Backend, acquirer: Any, **overrides: Any
+) -> AsyncIterator[TransactionService]:
+    """``transaction_service``, its engine disposed at the exit."""
+    service = transaction_service(backend, acquirer, **overrides)
+    try:
+        yield service
+    finally:
+        await service.engine.dispose()
+
+
+@asynccontextmanager
+async def private_engine(backend: Backend, **overrides: Any) -> AsyncIterator[AsyncEngine]:
+    """An engine with ``service_settings``, disposed at the exit."""
+    engine = create_engine(service_settings(backend, **overrides))
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+def new_payment(amount: int) -> tuple[str, TransactionCreate, str]:
+    """A new key, a card payment of ``amount`` and its body's fingerprint."""
+    create = TransactionCreate.model_validate(body(amount=amount, card=card("tok_visa_4242")))
+    return str(uuid.uuid4()), create, body_fingerprint(create)
