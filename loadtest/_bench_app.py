@@ -18,6 +18,7 @@ from fastapi import APIRouter, FastAPI
 from api.bench_baseline import create_bypassed
 from api.config import Settings
 from api.main import create_app
+from loadtest import _gc_trace
 
 router = APIRouter(prefix="/_bench", include_in_schema=False)
 router.add_api_route("/transactions", create_bypassed, methods=["POST"])
@@ -25,7 +26,9 @@ WORKER_HEALTHCHECK_S = 60
 
 
 def app_factory() -> FastAPI:
-    """``create_app`` with the baseline mounted (reads IDEMPAY_* once, like the server)."""
+    """``create_app`` with the baseline mounted (reads IDEMPAY_* once, like the server);
+    the GC trace installed when ``--profile`` asks for it (``loadtest/_gc_trace.py``)."""
+    _gc_trace.install_from_environment()
     app = create_app(Settings())
     app.include_router(router)
     return app

@@ -4,8 +4,8 @@
 each frame ``function (path:line)``); idle frames are left out by py-spy, so every sample
 is the server's Python thread on the CPU. Self time belongs to a stack's last frame;
 inclusive time to every distinct frame of a stack. Frames are grouped by function and
-file (line numbers dropped), and by package for a coarser split; SQLAlchemy's share is
-split further by what it was doing.
+file (line numbers dropped), by package for a coarser split, and by layer of the request
+path (``_bench_layers``); SQLAlchemy's share is split further by what it was doing.
 
 SQLAlchemy's async engine runs its sync core in greenlets, and py-spy shows a greenlet's
 stack without the coroutine that awaits it: statements executed through ``AsyncConnection``
@@ -16,13 +16,18 @@ and the package split are exact.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from loadtest._bench_layers import layer_of
 
 _FRAME = re.compile(r"^(?P<function>\S+) \((?P<path>.*?)(?::(?P<line>\d+))?\)$")
 NATIVE = "(no Python frame: native code — uvloop, asyncpg's protocol, greenlet)"
@@ -112,6 +117,9 @@ class Profile:
     inclusive: Counter[str] = field(default_factory=Counter)
     packages: Counter[str] = field(default_factory=Counter)
     sqlalchemy: Counter[str] = field(default_factory=Counter)
+    layers: Counter[str] = field(default_factory=Counter)
+    cpu_us_per_create: float | None = None  # the server's CPU in py-spy's window
+    gc: dict[str, Any] | None = None  # loadtest/_gc_trace.py's summary of the same window
 
     def top(self, counter: Counter[str], n: int) -> list[tuple[str, int, float]]:
         total = self.samples or 1
@@ -134,4 +142,16 @@ def parse(text: str) -> Profile:
             profile.sqlalchemy[sqlalchemy_phase(stack)] += count
         for name in {name for name, _ in frames}:
             profile.inclusive[name] += count
+        profile.layers[layer_of([name for name, _ in frames])] += count
     return profile
+
+
+def read_gc_trace(path: Path, *, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """The GC summary the server writes on SIGUSR1 (``_gc_trace``: whole or absent)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            summary: dict[str, Any] = json.loads(path.read_text())
+            return summary
+        time.sleep(0.1)
+    return None

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from loadtest._bench_layers import LAYERS
 from loadtest._bench_profile import Profile
 
 ERROR_BUDGET_PCT = 0.5
@@ -221,6 +222,51 @@ def render_profile(console: Console, profile: Profile, n: int = 15) -> None:
         for name, count, pct in profile.top(counter, n):
             table.add_row(f"{pct:.1f}", f"{count:,}", name)
         console.print(table)
+    _render_layers(console, profile)
+    if profile.gc is not None:
+        _render_gc(console, profile.gc)
+
+
+def _render_layers(console: Console, profile: Profile) -> None:
+    """Samples per layer of the request path, and CPU µs per create when it was measured."""
+    cpu = profile.cpu_us_per_create
+    title = "self time by layer (loadtest/_bench_layers.py)"
+    if cpu is not None:
+        title += f" — server CPU {cpu:,.0f} µs per create under py-spy"
+    table = Table(title=title, title_justify="left")
+    table.add_column("%", justify="right")
+    table.add_column("samples", justify="right")
+    if cpu is not None:
+        table.add_column("µs/create", justify="right")
+    table.add_column("layer")
+    for name, count, pct in profile.top(profile.layers, len(LAYERS)):
+        share = [f"{cpu * pct / 100.0:,.0f}"] if cpu is not None else []
+        table.add_row(f"{pct:.1f}", f"{count:,}", *share, name)
+    console.print(table)
+
+
+def _render_gc(console: Console, gc: dict[str, Any]) -> None:
+    """The collector's pauses in py-spy's window (loadtest/_gc_trace.py's summary)."""
+    seconds = gc["seconds"]
+    table = Table(
+        title=f"GC pauses in the server over {seconds:.1f} s (threshold {gc['threshold']}, "
+        f"{gc['frozen']:,} objects frozen)",
+        title_justify="left",
+    )
+    for column in ("generation", "collections", "total ms", "% of the window", "longest ms"):
+        table.add_column(column, justify="right")
+    table.add_column("> 5 ms", justify="right")
+    for generation, row in gc["generations"].items():
+        share = 100.0 * row["total_ms"] / (1000.0 * seconds) if seconds else 0.0
+        table.add_row(
+            generation,
+            f"{row['count']:,.0f}",
+            f"{row['total_ms']:,.1f}",
+            f"{share:.2f}",
+            f"{row['max_ms']:.2f}",
+            f"{row['over_5ms']:,.0f}",
+        )
+    console.print(table)
 
 
 def _api_only(profile: Profile) -> Counter[str]:

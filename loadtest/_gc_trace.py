@@ -1,9 +1,13 @@
-"""Garbage-collector pauses in a server process, for ``loadtest/tail_probe.py``.
+"""``--profile``: garbage-collector pauses in the create server while py-spy samples it.
 
-``install(path)`` adds a ``gc.callbacks`` hook timing every collection (per generation:
-count, total and longest pause, pauses over 5 ms) and writes the summary to ``path`` as
-JSON when the process exits (uvicorn's graceful shutdown runs ``atexit``) and on
-``SIGUSR1``; ``SIGUSR2`` resets it. Measurement only: nothing in ``api/`` imports it.
+py-spy does not see the collector: a pause is charged to whatever frame allocated. With
+``LOADTEST_GC_TRACE=path`` in its environment the bench's server (``loadtest/_bench_app.py``,
+one worker: the factory runs in the serving process) calls ``install(path)``, which adds a
+``gc.callbacks`` hook timing every collection (per generation: count, total and longest
+pause, pauses over 5 ms, the full collections' times) and writes the summary to ``path`` as
+JSON on ``SIGUSR1`` and when the process exits; ``SIGUSR2`` resets it. The bench resets it
+when py-spy starts and has it written when py-spy ends. Measurement only: nothing in ``api/``
+imports it.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ from __future__ import annotations
 import atexit
 import gc
 import json
+import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
+
+ENV = "LOADTEST_GC_TRACE"
 
 
 class GcTrace:
@@ -58,7 +65,9 @@ class GcTrace:
             "generations": {str(gen): row for gen, row in self.stats.items()},
             "full": self.full,
         }
-        self.path.write_text(json.dumps(summary, indent=2) + "\n")
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps(summary, indent=2) + "\n")
+        partial.replace(self.path)  # whole or absent: the bench polls for it
 
 
 def install(path: str) -> GcTrace:
@@ -68,3 +77,9 @@ def install(path: str) -> GcTrace:
     signal.signal(signal.SIGUSR1, trace.dump)
     signal.signal(signal.SIGUSR2, trace.reset)
     return trace
+
+
+def install_from_environment() -> GcTrace | None:
+    """``install`` at ``$LOADTEST_GC_TRACE`` when it is set (the bench's ``--profile``)."""
+    path = os.environ.get(ENV)
+    return install(path) if path else None

@@ -66,6 +66,7 @@ from loadtest import _bench_goals as peer_goals
 from loadtest import _bench_peers as peers
 from loadtest import _bench_pgbench as pgbench
 from loadtest import _bench_profile as profiling
+from loadtest import _gc_trace
 from loadtest._bench_driver import SCENARIOS, Load, run_load
 from loadtest._bench_env import (
     PG_ADMIN,
@@ -81,6 +82,7 @@ from loadtest._bench_env import (
     prepare_database,
     sample_cpu,
 )
+from loadtest._bench_layers import LAYERS
 from loadtest._bench_report import (
     ERROR_BUDGET_PCT,
     percentile,
@@ -180,7 +182,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pool", type=int, default=2000, help="pre-created keys for replay/lookup")
     parser.add_argument("--warmup", type=float, default=1.0, help="discarded seconds per scenario")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
-    parser.add_argument("--profile", action="store_true", help="py-spy the server during creates")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the server during creates: frames, packages, layers, GC pauses",
+    )
     parser.add_argument("--profile-seconds", type=int, default=10, help="py-spy duration (10)")
     parser.add_argument("--profile-raw", type=Path, help="keep py-spy's collapsed stacks here")
     parser.add_argument("--no-pgbench", action="store_true", help="skip the pgbench ceiling")
@@ -226,6 +232,7 @@ class Bench:
         self.acquirer: AcquirerProcess | None = None
         self.profile: profiling.Profile | None = None
         self.profile_note = ""
+        self.gc_path = workdir / "create.gc.json"
         self.pgbench_note = "" if self.pgbench else "pgbench not installed"
         self.scripts: dict[str, Path] = {}
         self.server: Server | None = None
@@ -245,7 +252,12 @@ class Bench:
             log_path=self.workdir / "acquirer.log",
             args=("--latency-ms", f"{first.latency_ms:g}", "--jitter-ms", f"{first.jitter_ms:g}"),
         ).start()
-        self.server = Server(database, self.workdir / "server.log", acquirer_url=self.acquirer.url)
+        self.server = Server(
+            database,
+            self.workdir / "server.log",
+            acquirer_url=self.acquirer.url,
+            env={_gc_trace.ENV: str(self.gc_path)} if self.args.profile else None,
+        )
         _start("create", self.server)
         if self.args.redis:
             self.cached = Server(
@@ -485,11 +497,16 @@ class Bench:
             return
         assert self.server is not None
         seconds = self.args.profile_seconds
+        pid = self.server.pid
         future = self.executor.submit(run_load, self.load("create", seconds + 3.0))
         time.sleep(1.5)
         out = self.workdir / "create.pyspy.txt"
-        spy = profiling.start(py_spy, self.server.pid, seconds, out)
+        os.kill(pid, signal.SIGUSR2)  # the GC trace starts afresh with py-spy's window
+        before = sample_cpu(pid, self.database)
+        spy = profiling.start(py_spy, pid, seconds, out)
         spy_output, _ = spy.communicate(timeout=seconds + 60)
+        after = sample_cpu(pid, self.database)
+        os.kill(pid, signal.SIGUSR1)  # ... and is written when it ends
         driven = future.result()
         if spy.returncode != 0 or not out.exists():
             self.profile_note = f"py-spy failed: {spy_output.strip()[-500:]}"
@@ -497,7 +514,14 @@ class Bench:
         if self.args.profile_raw:
             self.args.profile_raw.write_text(out.read_text())
         self.profile = profiling.parse(out.read_text())
-        self.profile_note = f"{driven.requests:,} creates during the profile"
+        rate = driven.requests / driven.elapsed_s if driven.elapsed_s else 0.0
+        window = after.wall - before.wall
+        if rate and window > 0:
+            self.profile.cpu_us_per_create = 1e6 * (after.server - before.server) / (rate * window)
+        self.profile.gc = profiling.read_gc_trace(self.gc_path)
+        self.profile_note = f"{driven.requests:,} creates during the profile" + (
+            "" if self.profile.gc else "; no GC summary from the server"
+        )
 
     def cell_rounds(self, cell: Cell) -> list[dict[str, Any]]:
         return [r for r in self.rounds if r["cell"] == cell.name]
@@ -646,6 +670,9 @@ def _write_json(
             "packages": bench.profile.top(bench.profile.packages, 30),
             "sqlalchemy": bench.profile.top(bench.profile.sqlalchemy, 10),
             "inclusive": bench.profile.top(bench.profile.inclusive, 60),
+            "layers": bench.profile.top(bench.profile.layers, len(LAYERS)),
+            "cpu_us_per_create": bench.profile.cpu_us_per_create,
+            "gc": bench.profile.gc,
         }
     args.json.write_text(json.dumps(document, indent=2) + "\n")
 
