@@ -98,10 +98,11 @@ async def claim(
     request: str,
     terminal_id: str,
     now: datetime,
-    lease_s: float,
+    lease_until: datetime,
     deadline_s: float,
 ) -> bool:
-    """Insert the key as ``processing`` with lease token 1; False if the key exists."""
+    """Insert the key as ``processing`` with lease token 1, claimed at ``now`` until
+    ``lease_until``; False if the key exists."""
     return await insert_if_absent(
         conn,
         IdempotencyKey,
@@ -111,7 +112,7 @@ async def claim(
             "state": PROCESSING,
             "fingerprint": fingerprint,
             "lease_token": 1,
-            "lease_until": now + timedelta(seconds=lease_s),
+            "lease_until": lease_until,
             "request": request,
             "terminal_id": terminal_id,
             "created_at": now,

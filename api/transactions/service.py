@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import secrets
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import replace
@@ -57,6 +58,7 @@ EPOCH_RECHECK_SECONDS = 5.0
 CLAIM_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '250ms'"
 FINISH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '1s'"
 CLAIM_TIME_STEP = timedelta(milliseconds=10)  # claim times stay unique within this (below)
+CLAIM_MARK_US = 1_000_000  # a claim's lease end carries a random mark below this (µs)
 GUARD_HELD_DETAIL = (
     "Another sale of this card and amount is being processed at this terminal; nothing was "
     "processed under this key. Retry with the same key."
@@ -148,6 +150,17 @@ class TransactionService:
             now = self._last_claim_at + timedelta(microseconds=1)
         self._last_claim_at = now
         return now
+
+    def _lease_until(self, now: datetime) -> datetime:
+        """The lease of a claim made at ``now``. It outlives the 0200's timeout (no one
+        settles a key whose answer may still come to its owner) by ``IDEMPAY_LEASE_SECONDS``
+        plus a random mark of up to ``CLAIM_MARK_US`` µs: a claim whose end was unseen is
+        ours only if its row has our claim time *and* our lease end, so two processes' claims
+        of one key and body at the same microsecond (both ends unseen) are told apart all
+        but once in a million — within one process the claim time alone is unique."""
+        lease_s = self.settings.acquirer_timeout + self.settings.lease_seconds
+        mark = secrets.randbelow(CLAIM_MARK_US)
+        return now + timedelta(seconds=lease_s, microseconds=mark)
 
     async def bind_epoch(self) -> None:
         """Bind the cache to the database's epoch (contract §3.6); keep the known one if the
@@ -423,16 +436,17 @@ class TransactionService:
         guard on, its check is in the claim's transaction, before the 0200 leaves: a new key
         it refuses is not claimed (the claim rolls back) and the acquirer is never asked."""
         written: list[bool] = []  # set once the claim's INSERT was sent
+        lease_until = self._lease_until(now)
         try:
             claimed, refused, suspect, body = await self._claim(
-                merchant_id, key, body, fingerprint, now, guard, written
+                merchant_id, key, body, fingerprint, now, lease_until, guard, written
             )
         except Exception as exc:
             if _lock_not_available(exc):
                 return await self._claim_held(merchant_id, key, body, fingerprint, guard)
             if not written or not self._end_unseen(exc):
                 raise  # no connection, or nothing sent: nothing was written (503 is true)
-            return await self._claim_unseen(merchant_id, key, body, fingerprint, now)
+            return await self._claim_unseen(merchant_id, key, body, fingerprint, now, lease_until)
         if not claimed:
             return None
         if refused and suspect is not None:
@@ -489,10 +503,12 @@ class TransactionService:
         body: TransactionCreate,
         fingerprint: str,
         now: datetime,
+        lease_until: datetime,
     ) -> Outcome:
         """The claim's end was not seen (contract §2.2, "unknown outcomes"): read the key
-        back. Our own claim (lease token 1, our fingerprint and claim time) → drive it, the
-        0200 has not left; another's row → its answer; still absent or unreadable when the
+        back. Our own claim (lease token 1, our fingerprint, claim time and lease end, which
+        carries the claim's random mark) → drive it, the 0200 has not left; another's row →
+        its answer; still absent or unreadable when the
         budget is spent → 409 in flight (the lookup tells), never a 503 that may be false."""
 
         async def reader(keys: Sequence[str]) -> unknown_outcome.ReadBack[str, KeyRecord]:
@@ -511,6 +527,7 @@ class TransactionService:
                 and record.lease_token == 1
                 and record.fingerprint == fingerprint
                 and record.created_at == now
+                and record.lease_until == lease_until
             )
 
         (outcome,) = await unknown_outcome.resolve([key], reader, ours)
@@ -530,12 +547,12 @@ class TransactionService:
         body: TransactionCreate,
         fingerprint: str,
         now: datetime,
+        lease_until: datetime,
         guard: Guard | None,
         written: list[bool],
     ) -> tuple[bool, bool, str | None, TransactionCreate]:
         """Phase 1's transaction: (claimed, refused by the guard, suspect, body). ``written``
         gets an entry once the claim's INSERT is sent: from then on its end may be unseen."""
-        lease_s = self.settings.acquirer_timeout + self.settings.lease_seconds
 
         async def insert(conn: AsyncConnection, body: TransactionCreate) -> bool:
             written.append(True)
@@ -547,9 +564,7 @@ class TransactionService:
                 request=body.stored_request(),
                 terminal_id=body.terminal_id,
                 now=now,
-                # the lease outlives the 0200's timeout: no one settles a key whose answer
-                # may still come to its owner
-                lease_s=lease_s,
+                lease_until=lease_until,
                 deadline_s=self.settings.issuer_deadline,
             )
 
