@@ -4,19 +4,20 @@
 
 Starts a private cluster (scripts/citus.sh, in a temporary folder), makes a Citus database
 (migrated: distributed) and a plain one on the coordinator's own server (same binaries,
-same disk), and runs the create's rows — key, issuer record, transaction, ledger entry,
-outbox event — from ``--clients`` concurrent connections for random merchants, two ways:
+same disk), and runs the create's rows — key, transaction, ledger entry, outbox event —
+from ``--clients`` concurrent connections for random merchants, two ways:
 
-- ``tx``: one transaction of five statements, each routed to the merchant's shard (the
+- ``tx``: one transaction of four statements, each routed to the merchant's shard (the
   general path's shape, what runs on Citus until the one-write create has a Citus form);
-- ``fn``: one call of a PL/pgSQL function doing the same five inserts, distributed by its
+- ``fn``: one call of a PL/pgSQL function doing the same four inserts, distributed by its
   merchant argument and colocated with ``idempotency_key``, so Citus delegates the whole call
   to the worker holding the merchant's shard (the proposed Citus form of the one-write
   create).
 
 and, with ``--api``, the whole create through idempay itself: ``POST /v1/transactions`` to a
 server (``idempay serve``, one worker) on each database, from as many concurrent clients —
-whatever path the checked-out code takes there (on plain Postgres the one-write create).
+whatever path the checked-out code takes there: the claim, one 0200 to the simulated
+acquirer host the server starts as its child, the finish.
 
 For each: creates/s, median latency, and the CPU time each node's server processes spent
 per create (from /proc, all backends of the node's postmaster), which is what sizes a node.
@@ -52,10 +53,6 @@ KEY = (
     " response_status, response_body, created_at, updated_at)"
     " VALUES ($1, $2, 'completed', $3, 1, $4, 201, $5, $6, $6) ON CONFLICT DO NOTHING RETURNING key"
 )
-ISSUER = (
-    "INSERT INTO issuer_authorization (merchant_id, issuer_key, result, authorization_code,"
-    " amount, currency, calls, created_at) VALUES ($1, $2, 'approved', 'A1B2C3', $3, 'BRL', 1, $4)"
-)
 TRANSACTION = (
     'INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,'
     " card_brand, card_fingerprint, installments, status, authorization_code, created_at,"
@@ -72,7 +69,7 @@ OUTBOX = (
 )
 FUNCTION = """
 CREATE OR REPLACE FUNCTION idempay_measure_create(
-  m text, k text, fp text, terminal text, response text, issuer text, amount bigint,
+  m text, k text, fp text, terminal text, response text, amount bigint,
   entry text, event text, payload text, now_ timestamptz) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -80,8 +77,6 @@ BEGIN
     response_status, response_body, created_at, updated_at)
   VALUES (m, k, 'completed', fp, 1, terminal, 201, response, now_, now_) ON CONFLICT DO NOTHING;
   IF NOT FOUND THEN RETURN false; END IF;
-  INSERT INTO issuer_authorization (merchant_id, issuer_key, result, authorization_code, amount,
-    currency, calls, created_at) VALUES (m, issuer, 'approved', 'A1B2C3', amount, 'BRL', 1, now_);
   INSERT INTO "transaction" (merchant_id, id, terminal_id, type, amount, currency, card_last4,
     card_brand, card_fingerprint, installments, status, authorization_code, created_at,
     processed_at) VALUES (m, k, terminal, 'sale', amount, 'BRL', '4242', 'visa', 'fp', 1,
@@ -94,10 +89,9 @@ BEGIN
 END $$
 """
 SIGNATURE = (
-    "idempay_measure_create(text, text, text, text, text, text, bigint, text, text, text, "
-    "timestamptz)"
+    "idempay_measure_create(text, text, text, text, text, bigint, text, text, text, timestamptz)"
 )
-CALL = "SELECT idempay_measure_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+CALL = "SELECT idempay_measure_create($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 BODY = '{"id":"%s","status":"approved","amount":700}'
 
 
@@ -105,7 +99,6 @@ async def create_tx(conn: asyncpg.Connection, merchant: str) -> None:
     key, now = str(uuid.uuid4()), datetime.now(UTC)
     async with conn.transaction():
         assert await conn.fetchval(KEY, merchant, key, "fp", "T-1", BODY % key, now) == key
-        await conn.execute(ISSUER, merchant, "ik-" + key, 700, now)
         await conn.execute(TRANSACTION, merchant, key, "T-1", 700, now)
         await conn.execute(LEDGER, merchant, str(uuid.uuid4()), key, 700, now)
         await conn.execute(OUTBOX, merchant, str(uuid.uuid4()), key, "{}", now)
@@ -113,7 +106,7 @@ async def create_tx(conn: asyncpg.Connection, merchant: str) -> None:
 
 async def create_fn(conn: asyncpg.Connection, merchant: str) -> None:
     key, now = str(uuid.uuid4()), datetime.now(UTC)
-    args = (merchant, key, "fp", "T-1", BODY % key, "ik-" + key, 700)
+    args = (merchant, key, "fp", "T-1", BODY % key, 700)
     assert await conn.fetchval(CALL, *args, str(uuid.uuid4()), str(uuid.uuid4()), "{}", now)
 
 
