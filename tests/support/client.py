@@ -30,6 +30,17 @@ def card(token: str) -> dict[str, str]:
     return {**CARD, "token": token}
 
 
+async def post_create(
+    client: httpx.AsyncClient, api_key: str, key: str, payload: Any
+) -> httpx.Response:
+    """One create on ``client`` (a server's base URL), as the merchant of ``api_key``."""
+    return await client.post(
+        "/v1/transactions",
+        json=payload,
+        headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
+    )
+
+
 @dataclass
 class Api:
     base_url: str

@@ -37,17 +37,14 @@ import pytest
 
 from tests.api.transactions.truthful_answers import (
     Sent,
-    assert_acquirer,
     assert_not_stored,
     assert_shape,
-    assert_truthful,
-    merchant_id,
+    assert_truthful_after_restart,
+    new_merchant,
     response_summary,
-    retry_until_real,
-    wait_settled,
 )
 from tests.support.backend import Backend
-from tests.support.client import body
+from tests.support.client import body, post_create
 
 pytestmark = pytest.mark.server
 
@@ -59,23 +56,17 @@ def test_sigterm_answers_every_accepted_create_truthfully(
     backend = private_pg_backend
     server = backend.server()
     name = f"sigterm-drain-{target}"
-    api_key = backend.api_key(name)
-    merchant = merchant_id(backend, name)
+    api_key, merchant = new_merchant(backend, name)
     keys = [str(uuid.uuid4()) for _ in range(120)]
     payloads = [body(amount=100 + n) for n in range(len(keys))]
 
     async def run() -> list[httpx.Response | BaseException]:
         limits = httpx.Limits(max_connections=120)
         async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits) as client:
-
-            async def post(n: int, key: str) -> httpx.Response:
-                return await client.post(
-                    "/v1/transactions",
-                    json=payloads[n],
-                    headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
-                )
-
-            tasks = [asyncio.ensure_future(post(n, key)) for n, key in enumerate(keys)]
+            tasks = [
+                asyncio.ensure_future(post_create(client, api_key, key, payloads[n]))
+                for n, key in enumerate(keys)
+            ]
             # the first answer: creates are being claimed, sent and finished, more in flight
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if target == "server":
@@ -103,8 +94,4 @@ def test_sigterm_answers_every_accepted_create_truthfully(
                 assert sent.response.json()["status"] == "approved", sent.response.text
     assert_not_stored(backend, [s for s in sends if s.status == 503])
 
-    restarted = backend.server()  # same database, same acquirer store
-    finals = retry_until_real(restarted.url, [s for s in sends if s.status in (409, 503)])
-    wait_settled(backend)
-    assert_truthful(restarted.url, sends, finals)
-    assert_acquirer(backend, {s.ident for s in sends})
+    assert_truthful_after_restart(backend, sends, [s for s in sends if s.status in (409, 503)])

@@ -24,17 +24,14 @@ import pytest
 
 from tests.api.transactions.truthful_answers import (
     Sent,
-    assert_acquirer,
     assert_not_stored,
     assert_shape,
-    assert_truthful,
-    merchant_id,
+    assert_truthful_after_restart,
+    new_merchant,
     response_summary,
-    retry_until_real,
-    wait_settled,
 )
 from tests.support.backend import Backend
-from tests.support.client import body, card
+from tests.support.client import body, card, post_create
 
 pytestmark = pytest.mark.server
 
@@ -54,8 +51,7 @@ def test_kill9_mid_batches_then_every_key_again_is_truthful(private_backend: Bac
     backend = private_backend
     server = backend.server(**SLOW_ENV)
     names = [f"gc-kill9-a-{backend.name}", f"gc-kill9-b-{backend.name}"]
-    api_keys = [backend.api_key(name) for name in names]
-    merchants = [merchant_id(backend, name) for name in names]
+    api_keys, merchants = zip(*(new_merchant(backend, name) for name in names), strict=True)
     uuids = [str(uuid.uuid4()) for _ in range(UUIDS)]
     plan = [
         (m, n, key, body(amount=100 + 2 * n + m, card=card(SLOW if n % 4 == 0 else FAST)))
@@ -67,15 +63,10 @@ def test_kill9_mid_batches_then_every_key_again_is_truthful(private_backend: Bac
     async def run() -> list[httpx.Response | BaseException]:
         limits = httpx.Limits(max_connections=len(plan))
         async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits) as client:
-
-            async def post(m: int, key: str, payload: dict[str, object]) -> httpx.Response:
-                return await client.post(
-                    "/v1/transactions",
-                    json=payload,
-                    headers={"Authorization": f"Bearer {api_keys[m]}", "Idempotency-Key": key},
-                )
-
-            tasks = [asyncio.ensure_future(post(m, key, p)) for m, _n, key, p in plan]
+            tasks = [
+                asyncio.ensure_future(post_create(client, api_keys[m], key, p))
+                for m, _n, key, p in plan
+            ]
             created = 0
             for next_done in asyncio.as_completed(tasks):
                 with contextlib.suppress(Exception):
@@ -104,12 +95,8 @@ def test_kill9_mid_batches_then_every_key_again_is_truthful(private_backend: Bac
             created[sent.ident] = created.get(sent.ident, 0) + 1
     assert all(count == 1 for count in created.values()), created
 
-    restarted = backend.server()  # same database, same acquirer store
     again = [s for s in sends if s.status in (None, 409, 503)]
-    finals = retry_until_real(restarted.url, again)
-    wait_settled(backend)
-    assert_truthful(restarted.url, sends, finals)
-    assert_acquirer(backend, {s.ident for s in sends})
+    restarted = assert_truthful_after_restart(backend, sends, again)
     rows = backend.sql('SELECT merchant_id, id FROM "transaction"')
     assert len(rows) == len({(r[0], r[1]) for r in rows})
     restarted.stop()

@@ -38,15 +38,14 @@ from tests.api.transactions.truthful_answers import (
     Sent,
     assert_acquirer,
     assert_not_stored,
+    assert_retried_truthful,
     assert_shape,
-    assert_truthful,
-    merchant_id,
+    new_merchant,
     response_summary,
-    retry_until_real,
     wait_settled,
 )
 from tests.support.backend import Backend
-from tests.support.client import body
+from tests.support.client import body, post_create
 
 pytestmark = pytest.mark.server
 
@@ -65,8 +64,7 @@ def test_postgres_crash_while_creating(tmp_path: Path) -> None:
         backend.migrate()
         server = backend.server(IDEMPAY_DB_TIMEOUT="1")
         name = "pg-crash-creates"
-        api_key = backend.api_key(name)
-        merchant = merchant_id(backend, name)
+        api_key, merchant = new_merchant(backend, name)
         sends: list[Sent] = []
 
         async def run() -> None:
@@ -78,11 +76,7 @@ def test_postgres_crash_while_creating(tmp_path: Path) -> None:
                     while not stop.is_set():
                         key = str(uuid.uuid4())
                         payload = body(amount=1000 + len(sends))
-                        r = await client.post(
-                            "/v1/transactions",
-                            json=payload,
-                            headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
-                        )
+                        r = await post_create(client, api_key, key, payload)
                         sends.append(Sent(merchant, api_key, key, payload, r))
                         if r.status_code >= 500:
                             await asyncio.sleep(0.05)
@@ -106,9 +100,8 @@ def test_postgres_crash_while_creating(tmp_path: Path) -> None:
         wait_settled(backend)
         assert_not_stored(backend, refused)
         # a retry of a 409 or a 503 with the same key gets the real outcome, processed once
-        finals = retry_until_real(server.url, [s for s in sends if s.status in (409, 503)])
-        wait_settled(backend)
-        assert_truthful(server.url, sends, finals)
+        again = [s for s in sends if s.status in (409, 503)]
+        assert_retried_truthful(server.url, backend, sends, again)
         idents = {s.ident for s in sends}
         stored = {(r[0], r[1]) for r in backend.sql('SELECT merchant_id, id FROM "transaction"')}
         assert stored == idents  # every key sent ends processed (after the retries), once

@@ -37,6 +37,7 @@ from api.acquirer.host.store import net_approvals, summary
 from api.acquirer.messages import rrn_for
 from tests.support.backend import Backend
 from tests.support.eventually import eventually
+from tests.support.services import Server
 
 PROBLEM = "application/problem+json"
 SETTLE_S = 60.0  # the leases of the fast settings run out in 6 s; the machine is shared
@@ -70,6 +71,12 @@ class Sent:
 
 def merchant_id(backend: Backend, name: str) -> str:
     return str(backend.sql("SELECT id FROM merchant WHERE name = :n", n=name)[0][0])
+
+
+def new_merchant(backend: Backend, name: str) -> tuple[str, str]:
+    """A new merchant ``name`` of the backend's: (its API key, its id)."""
+    api_key = backend.api_key(name)
+    return api_key, merchant_id(backend, name)
 
 
 def acquirer_store(backend: Backend) -> Path:
@@ -164,6 +171,27 @@ def wait_settled(backend: Backend, *, timeout: float = SETTLE_S) -> None:
         timeout=timeout,
         interval=0.3,
     )
+
+
+def assert_retried_truthful(
+    url: str, backend: Backend, sends: list[Sent], again: list[Sent]
+) -> None:
+    """Each create of ``again`` (answered 409, 503 or not at all) retried until it gets the
+    real outcome; once every claimed key has settled, every answer of ``sends`` and of the
+    retries is checked against the lookups (``assert_truthful``)."""
+    finals = retry_until_real(url, again)
+    wait_settled(backend)
+    assert_truthful(url, sends, finals)
+
+
+def assert_truthful_after_restart(backend: Backend, sends: list[Sent], again: list[Sent]) -> Server:
+    """A server started again on the same database and acquirer store: ``again`` retried
+    there and every answer checked (``assert_retried_truthful``), then the acquirer's record
+    (``assert_acquirer``). The new server, running."""
+    restarted = backend.server()
+    assert_retried_truthful(restarted.url, backend, sends, again)
+    assert_acquirer(backend, {s.ident for s in sends})
+    return restarted
 
 
 def lookups(url: str, sends: list[Sent]) -> dict[tuple[str, str], httpx.Response]:
