@@ -6,14 +6,19 @@ until ``pg_stat_activity`` shows the server's statement waiting on either."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
+import httpx
 
 from tests.support.backend import Backend
+from tests.support.client import post_create
 from tests.support.eventually import eventually_async
+from tests.support.services import Server
+
+T = TypeVar("T")
 
 # Another create's claim of a key ($1 merchant id, $2 key), left uncommitted by its holder.
 HELD_KEY_ROW = (
@@ -110,6 +115,44 @@ async def until_lock_waiters(
     return [row[0] for row in rows]
 
 
+async def start_stalled(
+    watch: asyncpg.Connection, request: Awaitable[T], *, what: str, within: float = 10.0
+) -> asyncio.Future[T]:
+    """``request`` (a create of a key of ``install_stall``'s) started, once ``watch`` sees a
+    statement sleeping in the stalling trigger; its future, not done."""
+    pending = asyncio.ensure_future(request)
+    await until_seen(watch, SLEEPING, what=what, within=within)
+    return pending
+
+
+def stalled_create(
+    backend: Backend,
+    server: Server,
+    api_key: str,
+    key: str,
+    payload: Any,
+    *,
+    then: Callable[[], Awaitable[object]],
+) -> httpx.Response:
+    """A create of a key of ``install_stall``'s sent to ``server``; once its statement
+    sleeps in the trigger, ``then()`` (a signal to the server, say); the create's answer."""
+
+    async def run() -> httpx.Response:
+        async with (
+            admin(backend) as watch,
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+        ):
+            pending = await start_stalled(
+                watch,
+                post_create(client, api_key, key, payload),
+                what="the create's statement stalling",
+            )
+            await then()
+            return await pending
+
+    return asyncio.run(run())
+
+
 def install_stall(backend: Backend, stalls: dict[str, float]) -> None:
     """The stalling trigger on the backend's database: the INSERT of each key of ``stalls``
     into idempotency_key sleeps its seconds (``SLEEPING`` counts the sleepers);
@@ -129,3 +172,13 @@ def install_stall(backend: Backend, stalls: dict[str, float]) -> None:
 
 def stop_stalling(backend: Backend) -> None:
     backend.sql(f"DELETE FROM {STALL_TABLE}")
+
+
+@asynccontextmanager
+async def admin(backend: Backend) -> AsyncIterator[asyncpg.Connection]:
+    """A connection of the test's own to the backend's database, to watch the server's."""
+    conn = await asyncpg.connect(dsn(backend))
+    try:
+        yield conn
+    finally:
+        await conn.close()

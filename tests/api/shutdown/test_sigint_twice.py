@@ -30,13 +30,11 @@ import os
 import signal
 import uuid
 
-import asyncpg
-import httpx
 import pytest
 
-from tests.api.shutdown.test_sigterm_stalled_one_statement import SLEEPING, STALL
 from tests.support.backend import Backend
 from tests.support.client import body
+from tests.support.stalls import install_stall, stalled_create
 
 pytestmark = pytest.mark.server
 
@@ -45,45 +43,17 @@ def test_create_in_flight_at_sigint_twice_is_answered_per_contract(
     private_pg_backend: Backend,
 ) -> None:
     backend = private_pg_backend
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
     slow = str(uuid.uuid4())
     api_key = backend.api_key("review-s7b-sigint")
-
-    async def setup() -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(STALL)
-            await conn.execute("INSERT INTO review_s7b_stall VALUES ($1, 14.0)", slow)
-        finally:
-            await conn.close()
-
-    asyncio.run(setup())
+    install_stall(backend, {slow: 14.0})
     server = backend.server()
 
-    async def run() -> httpx.Response:
-        admin = await asyncpg.connect(dsn)
-        try:
-            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-                headers = {"Authorization": f"Bearer {api_key}", "Idempotency-Key": slow}
-                pending = asyncio.ensure_future(
-                    client.post("/v1/transactions", json=body(amount=3), headers=headers)
-                )
-                for _ in range(500):
-                    if await admin.fetchval(SLEEPING) >= 1:
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("the create's statement does not stall")
-                os.killpg(server.pid, signal.SIGINT)
-                await asyncio.sleep(1.0)
-                os.killpg(server.pid, signal.SIGINT)
-                answer: httpx.Response = await pending
-                return answer
-        finally:
-            await admin.close()
+    async def sigint_twice() -> None:
+        os.killpg(server.pid, signal.SIGINT)
+        await asyncio.sleep(1.0)
+        os.killpg(server.pid, signal.SIGINT)
 
-    answer = asyncio.run(run())
+    answer = stalled_create(backend, server, api_key, slow, body(amount=3), then=sigint_twice)
     assert server.proc is not None
     server.proc.wait(40)
     assert answer.status_code in (409, 503), (answer.status_code, answer.text)

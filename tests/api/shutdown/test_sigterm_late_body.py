@@ -37,12 +37,11 @@ import signal
 import uuid
 from urllib.parse import urlparse
 
-import asyncpg
 import pytest
 
-from tests.api.shutdown.test_sigterm_stalled_one_statement import STALL
 from tests.support.backend import Backend
 from tests.support.client import body
+from tests.support.stalls import install_stall
 
 pytestmark = pytest.mark.server
 
@@ -51,20 +50,9 @@ def test_create_whose_body_ends_after_answer_in_flight_is_answered_per_contract(
     private_pg_backend: Backend,
 ) -> None:
     backend = private_pg_backend
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
     slow = str(uuid.uuid4())
     api_key = backend.api_key("review-s7b-late-body")
-
-    async def setup() -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(STALL)
-            await conn.execute("INSERT INTO review_s7b_stall VALUES ($1, 14.0)", slow)
-        finally:
-            await conn.close()
-
-    asyncio.run(setup())
+    install_stall(backend, {slow: 14.0})
     server = backend.server(IDEMPAY_BODY_TIMEOUT="20")
     url = urlparse(server.url)
     assert url.hostname is not None and url.port is not None
@@ -93,18 +81,9 @@ def test_create_whose_body_ends_after_answer_in_flight_is_answered_per_contract(
     assert server.proc is not None
     server.proc.wait(40)
 
-    async def written() -> int:
-        conn = await asyncpg.connect(dsn)
-        try:
-            return int(
-                await conn.fetchval('SELECT count(*) FROM "transaction" WHERE id = $1', slow)
-            )
-        finally:
-            await conn.close()
-
     # Since session 7 (waiting.before_exit) a create that begins after the exit moment (7 s
     # after SIGTERM) is not started: 503, nothing processed — and nothing written after it.
-    assert asyncio.run(written()) == 0
+    assert backend.sql('SELECT count(*) FROM "transaction" WHERE id = :k', k=slow) == [(0,)]
     status_line, _, rest = answer.partition(b"\r\n")
     headers = rest.split(b"\r\n\r\n", 1)[0].lower()
     status = int(status_line.split()[1])

@@ -28,35 +28,17 @@ Real server (one worker), private Postgres database with its own stalling trigge
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import uuid
-from typing import Any
 
-import asyncpg
-import httpx
 import pytest
 
 from tests.support.backend import Backend
 from tests.support.client import body
+from tests.support.stalls import install_stall, stalled_create
 
 pytestmark = pytest.mark.server
-
-STALL = """
-CREATE TABLE review_s7b_stall (key varchar(36) PRIMARY KEY, seconds float NOT NULL);
-CREATE FUNCTION review_s7b_stall() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM pg_sleep(s.seconds) FROM review_s7b_stall AS s WHERE s.key = NEW.key;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER review_s7b_stall BEFORE INSERT ON idempotency_key
-  FOR EACH ROW EXECUTE FUNCTION review_s7b_stall();
-"""
-SLEEPING = (
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND wait_event = 'PgSleep'"
-)
 
 
 @pytest.mark.parametrize("case", ["guarded", "one_statement"])
@@ -64,49 +46,19 @@ def test_stalled_alone_create_at_sigterm_is_answered_per_contract(
     private_pg_backend: Backend, case: str
 ) -> None:
     backend = private_pg_backend
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
     slow = str(uuid.uuid4())
     merchant = f"review-s7b-{case}"
     api_key = backend.api_key(merchant)
-
-    async def setup() -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(STALL)
-            await conn.execute("INSERT INTO review_s7b_stall VALUES ($1, 14.0)", slow)
-            if case == "guarded":
-                await conn.execute(
-                    "UPDATE merchant SET duplicate_guard_s = 300 WHERE name = $1", merchant
-                )
-        finally:
-            await conn.close()
-
-    asyncio.run(setup())
+    install_stall(backend, {slow: 14.0})
+    if case == "guarded":
+        backend.sql("UPDATE merchant SET duplicate_guard_s = 300 WHERE name = :n", n=merchant)
     env = {"IDEMPAY_PG_GROUP_COMMIT": "false"} if case == "one_statement" else {}
     server = backend.server(**env)
 
-    async def run() -> httpx.Response:
-        admin = await asyncpg.connect(dsn)
-        try:
-            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-                headers = {"Authorization": f"Bearer {api_key}", "Idempotency-Key": slow}
-                pending: Any = asyncio.ensure_future(
-                    client.post("/v1/transactions", json=body(amount=3), headers=headers)
-                )
-                for _ in range(500):
-                    if await admin.fetchval(SLEEPING) >= 1:
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("the create's statement does not stall")
-                os.killpg(server.pid, signal.SIGTERM)
-                answer: httpx.Response = await pending
-                return answer
-        finally:
-            await admin.close()
+    async def sigterm() -> None:
+        os.killpg(server.pid, signal.SIGTERM)
 
-    answer = asyncio.run(run())
+    answer = stalled_create(backend, server, api_key, slow, body(amount=3), then=sigterm)
     assert server.proc is not None
     server.proc.wait(30)
     assert answer.status_code in (409, 503), (answer.status_code, answer.text)

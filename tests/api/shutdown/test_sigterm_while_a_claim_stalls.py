@@ -30,94 +30,52 @@ import signal
 import uuid
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
 from tests.api.transactions.truthful_answers import (
     Sent,
-    assert_acquirer,
     assert_shape,
-    assert_truthful,
-    merchant_id,
-    retry_until_real,
-    wait_settled,
+    assert_truthful_after_restart,
+    new_merchant,
 )
 from tests.support.backend import Backend
-from tests.support.client import body
+from tests.support.client import body, post_create
+from tests.support.stalls import SLEEPING, admin, install_stall, start_stalled, stop_stalling
 
 pytestmark = pytest.mark.server
-
-STALL = """
-CREATE TABLE claim_stall (key varchar(36) PRIMARY KEY, seconds float NOT NULL);
-CREATE FUNCTION claim_stall() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM pg_sleep(s.seconds) FROM claim_stall AS s WHERE s.key = NEW.key;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER claim_stall BEFORE INSERT ON idempotency_key
-  FOR EACH ROW EXECUTE FUNCTION claim_stall();
-"""
-SLEEPING = (
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND wait_event = 'PgSleep'"
-)
 
 
 def test_a_stalled_claim_at_sigterm_is_answered_in_flight_and_holds_no_other_create(
     private_pg_backend: Backend,
 ) -> None:
     backend = private_pg_backend
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
     slow = str(uuid.uuid4())
     others = [str(uuid.uuid4()) for _ in range(3)]
-
-    async def setup() -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(STALL)
-            await conn.execute("INSERT INTO claim_stall VALUES ($1, 14.0)", slow)
-        finally:
-            await conn.close()
-
-    asyncio.run(setup())
+    install_stall(backend, {slow: 14.0})
     server = backend.server()
-    name = "sigterm-claim-stall"
-    api_key = backend.api_key(name)
-    merchant = merchant_id(backend, name)
+    api_key, merchant = new_merchant(backend, "sigterm-claim-stall")
     payloads = {slow: body(amount=3)} | {key: body(amount=10 + n) for n, key in enumerate(others)}
 
     async def run() -> tuple[httpx.Response, list[httpx.Response], int]:
-        admin = await asyncpg.connect(dsn)
-        try:
-            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        async with (
+            admin(backend) as watch,
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+        ):
 
-                def post(key: str) -> Any:
-                    return asyncio.ensure_future(
-                        client.post(
-                            "/v1/transactions",
-                            json=payloads[key],
-                            headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
-                        )
-                    )
+            def post(key: str) -> Any:
+                return asyncio.ensure_future(post_create(client, api_key, key, payloads[key]))
 
-                async def sleeping() -> int:
-                    return int(await admin.fetchval(SLEEPING))
-
-                stalled = post(slow)
-                for _ in range(400):
-                    if await sleeping() >= 1:
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("the slow key's claim does not stall")
-                answered = list(await asyncio.gather(*(post(key) for key in others)))
-                still = await sleeping()  # the slow claim still sleeps: it held none of them
-                os.kill(server.pid, signal.SIGTERM)
-                return await stalled, answered, still
-        finally:
-            await admin.close()
+            stalled = await start_stalled(
+                watch,
+                post_create(client, api_key, slow, payloads[slow]),
+                what="the slow key's claim stalling",
+            )
+            answered = list(await asyncio.gather(*(post(key) for key in others)))
+            # the slow claim still sleeps: it held none of them
+            still = int(await watch.fetchval(SLEEPING))
+            os.kill(server.pid, signal.SIGTERM)
+            return await stalled, answered, still
 
     stalled, answered, still = asyncio.run(run())
     assert server.proc is not None
@@ -133,9 +91,5 @@ def test_a_stalled_claim_at_sigterm_is_answered_in_flight_and_holds_no_other_cre
             assert sent.response.json()["status"] == "approved"
     assert_shape(sends[0], {409})
 
-    backend.sql("DELETE FROM claim_stall")  # the retry's claim does not stall
-    restarted = backend.server()  # same database, same acquirer store
-    finals = retry_until_real(restarted.url, [sends[0]])
-    wait_settled(backend)
-    assert_truthful(restarted.url, sends, finals)
-    assert_acquirer(backend, {s.ident for s in sends})
+    stop_stalling(backend)  # the retry's claim does not stall
+    assert_truthful_after_restart(backend, sends, [sends[0]])

@@ -34,19 +34,16 @@ import signal
 import uuid
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
+from tests.api.transactions.truthful_answers import new_merchant
 from tests.support.backend import Backend
 from tests.support.client import body
+from tests.support.stalls import WAITING, admin, dsn, held_key, until_seen
 
 pytestmark = pytest.mark.server
 
-WAITING = (
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
 GRACE_S = 10  # api/cli.py: uvicorn's timeout_graceful_shutdown
 
 
@@ -55,50 +52,37 @@ def test_create_waiting_alone_at_sigterm_is_answered_per_contract(
 ) -> None:
     backend = private_pg_backend
     server = backend.server()
-    api_key = backend.api_key("review-s7-term")
-    merchant_id = backend.sql("SELECT id FROM merchant WHERE name = 'review-s7-term'")[0][0]
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
+    api_key, merchant_id = new_merchant(backend, "review-s7-term")
     held = str(uuid.uuid4())
 
     async def run() -> tuple[httpx.Response, list[httpx.Response]]:
-        admin = await asyncpg.connect(dsn)
-        holder = await asyncpg.connect(dsn)
-        tx = holder.transaction()
-        await tx.start()
-        try:
-            await holder.execute(
-                "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
-                " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
-                merchant_id,
-                held,
+        async with (
+            admin(backend) as watch,
+            held_key(dsn(backend), merchant_id, held),
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+        ):
+
+            def post(key: str, amount: int) -> Any:
+                return client.post(
+                    "/v1/transactions",
+                    json=body(amount=amount),
+                    headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
+                )
+
+            waiting = asyncio.create_task(post(held, 77))
+            others = [asyncio.create_task(post(str(uuid.uuid4()), 100 + n)) for n in range(3)]
+            await until_seen(
+                watch,
+                WAITING,
+                what="the held key's create waiting on its holder",
+                within=10,
+                interval=0.02,
             )
-            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-
-                def post(key: str, amount: int) -> Any:
-                    return client.post(
-                        "/v1/transactions",
-                        json=body(amount=amount),
-                        headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
-                    )
-
-                waiting = asyncio.create_task(post(held, 77))
-                others = [asyncio.create_task(post(str(uuid.uuid4()), 100 + n)) for n in range(3)]
-                for _ in range(300):
-                    if await admin.fetchval(WAITING) >= 1:
-                        break
-                    await asyncio.sleep(0.02)
-                else:
-                    raise AssertionError("the held key's create does not wait on its holder")
-                answered = await asyncio.gather(*others)  # batched with it: answered at once
-                await asyncio.sleep(0.7)  # past the batch's lock wait: the create waits alone
-                os.killpg(server.pid, signal.SIGTERM)
-                answer = await asyncio.wait_for(waiting, GRACE_S + 20)
-                return answer, answered
-        finally:
-            await tx.rollback()
-            await holder.close()
-            await admin.close()
+            answered = await asyncio.gather(*others)  # batched with it: answered at once
+            await asyncio.sleep(0.7)  # past the batch's lock wait: the create waits alone
+            os.killpg(server.pid, signal.SIGTERM)
+            answer = await asyncio.wait_for(waiting, GRACE_S + 20)
+            return answer, answered
 
     answer, others = asyncio.run(run())
     assert [r.status_code for r in others] == [201, 201, 201]

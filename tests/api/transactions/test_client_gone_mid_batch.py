@@ -13,19 +13,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import asyncpg
 import httpx
 import pytest
 
+from tests.api.transactions.truthful_answers import new_merchant
 from tests.support.backend import Backend
 from tests.support.client import body
+from tests.support.stalls import WAITING, admin, dsn, held_key, until_seen
 
 pytestmark = pytest.mark.server
-
-WAITING = (
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
 
 
 def test_create_of_a_client_gone_mid_batch_is_processed_once(
@@ -33,46 +29,27 @@ def test_create_of_a_client_gone_mid_batch_is_processed_once(
 ) -> None:
     backend = private_pg_backend
     server = backend.server()
-    api_key = backend.api_key("review-s7-gone")
-    merchant_id = backend.sql("SELECT id FROM merchant WHERE name = 'review-s7-gone'")[0][0]
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
+    api_key, merchant_id = new_merchant(backend, "review-s7-gone")
     held = str(uuid.uuid4())
     headers = {"Authorization": f"Bearer {api_key}", "Idempotency-Key": held}
 
     async def run() -> tuple[list[tuple[str, int]], httpx.Response]:
-        admin = await asyncpg.connect(dsn)
-        holder = await asyncpg.connect(dsn)
-        tx = holder.transaction()
-        await tx.start()
-        try:
-            await holder.execute(
-                "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
-                " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
-                merchant_id,
-                held,
-            )
-            async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
-                gone = asyncio.ensure_future(
-                    client.post("/v1/transactions", json=body(amount=55), headers=headers)
-                )
-                for _ in range(300):  # its batch waits on the holder
-                    if await admin.fetchval(WAITING) >= 1:
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("the create's batch does not wait on the holder")
-                gone.cancel()  # the terminal hangs up: its connection is closed
-                with pytest.raises(asyncio.CancelledError):
-                    await gone
-            await asyncio.sleep(1.0)  # past the batch's lock wait
-        finally:
-            await tx.rollback()
-            await holder.close()
-        try:
+        async with admin(backend) as watch:
+            async with held_key(dsn(backend), merchant_id, held):
+                async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+                    gone = asyncio.ensure_future(
+                        client.post("/v1/transactions", json=body(amount=55), headers=headers)
+                    )
+                    await until_seen(  # its batch waits on the holder
+                        watch, WAITING, what="the create's batch waiting on the holder", within=10
+                    )
+                    gone.cancel()  # the terminal hangs up: its connection is closed
+                    with pytest.raises(asyncio.CancelledError):
+                        await gone
+                await asyncio.sleep(1.0)  # past the batch's lock wait
             events: list[tuple[str, int]] = []
             for _ in range(200):  # the gone request is answered, and its event flushed
-                rows = await admin.fetch(
+                rows = await watch.fetch(
                     "SELECT outcome, http_status FROM request_event WHERE idempotency_key = $1",
                     held,
                 )
@@ -80,8 +57,6 @@ def test_create_of_a_client_gone_mid_batch_is_processed_once(
                 if events:
                     break
                 await asyncio.sleep(0.05)
-        finally:
-            await admin.close()
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
             retry = await client.post("/v1/transactions", json=body(amount=55), headers=headers)
         return events, retry

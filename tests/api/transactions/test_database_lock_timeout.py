@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import asyncpg
 import httpx
 import pytest
 
+from tests.api.transactions.truthful_answers import new_merchant
 from tests.support.backend import Backend
 from tests.support.client import body
+from tests.support.stalls import dsn, held_key
 
 pytestmark = pytest.mark.server
 
@@ -41,31 +42,19 @@ def test_key_held_past_the_databases_lock_timeout(private_pg_backend: Backend) -
     name = backend.database_url.rsplit("/", 1)[1]
     backend.sql(f"ALTER DATABASE \"{name}\" SET lock_timeout = '2s'")
     server = backend.server()
-    api_key = backend.api_key("review-s7-locktimeout")
-    merchant_id = backend.sql("SELECT id FROM merchant WHERE name = 'review-s7-locktimeout'")[0][0]
-    dsn = backend.database_url.replace("+asyncpg", "")
+    api_key, merchant_id = new_merchant(backend, "review-s7-locktimeout")
     held = str(uuid.uuid4())
 
     async def run() -> httpx.Response:
-        holder = await asyncpg.connect(dsn, server_settings={"lock_timeout": "0"})
-        tx = holder.transaction()
-        await tx.start()
-        try:
-            await holder.execute(
-                "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
-                " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())",
-                merchant_id,
-                held,
+        async with (
+            held_key(dsn(backend), merchant_id, held, server_settings={"lock_timeout": "0"}),
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+        ):
+            return await client.post(
+                "/v1/transactions",
+                json=body(amount=5),
+                headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": held},
             )
-            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-                return await client.post(
-                    "/v1/transactions",
-                    json=body(amount=5),
-                    headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": held},
-                )
-        finally:
-            await tx.rollback()
-            await holder.close()
 
     answer = asyncio.run(run())
     assert answer.status_code in (409, 503), (answer.status_code, answer.text)
