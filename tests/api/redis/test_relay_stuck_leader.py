@@ -16,14 +16,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
@@ -36,7 +33,8 @@ from tests.api.redis.conftest import SHARED_REDIS
 from tests.api.webhooks.outbox_events import append
 from tests.support.backend import Backend
 from tests.support.eventually import eventually_async
-from tests.support.services import ROOT
+from tests.support.leaders import api_process, stop_process, stop_while, stuck_session
+from tests.support.stalls import dsn
 
 LEASE = 2  # IDEMPAY_RELAY_LEASE: seconds a stopped leader keeps what it holds
 # each wait (a relay's start; the lease, the standby's 1 s poll for the lock and a tick)
@@ -53,51 +51,19 @@ LEADER = (
 MERCHANT = "merchant-relay-stuck"
 
 
-@contextmanager
-def _relay(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "api", "relay"],
-            cwd=ROOT,
-            env={
-                **os.environ,
-                **env,
-                "IDEMPAY_RELAY_LEASE": str(LEASE),
-                "IDEMPAY_LOG_JSON": "false",
-            },
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGCONT)  # a stopped process never sees SIGTERM
-                process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-
-
-def _stop(pid: int) -> None:
-    """SIGSTOP ``pid`` and return once it is stopped."""
-    os.kill(pid, signal.SIGSTOP)
-    stat = Path(f"/proc/{pid}/stat")
-    while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":
-        time.sleep(0.001)
+def _relay(env: dict[str, str], log: Path) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    return api_process(
+        ["relay"], {**env, "IDEMPAY_RELAY_LEASE": str(LEASE), "IDEMPAY_LOG_JSON": "false"}, log
+    )
 
 
 async def _anywhere(engine: AsyncEngine, pid: int) -> None:
-    _stop(pid)
+    stop_process(pid)
 
 
 async def _inside_a_transaction(engine: AsyncEngine, pid: int) -> None:
     """Stop the leader while its lock session is inside a transaction (each tick opens two
-    of a few ms: the lock check, then the numbering): watch for it, stop the leader, and
-    check it is still in one once stopped — else let it run and try again."""
-    deadline = time.monotonic() + WAIT
+    of a few ms: the lock check, then the numbering)."""
     async with engine.connect() as conn:
 
         async def in_transaction() -> bool:
@@ -105,14 +71,7 @@ async def _inside_a_transaction(engine: AsyncEngine, pid: int) -> None:
             await conn.commit()
             return bool(row and row[1])
 
-        while time.monotonic() < deadline:
-            if not await in_transaction():
-                continue
-            _stop(pid)
-            if await in_transaction():
-                return
-            os.kill(pid, signal.SIGCONT)
-    raise AssertionError(f"never caught the leader inside a transaction in {WAIT} s")
+        await stop_while(pid, in_transaction, what="the leader inside a transaction", within=WAIT)
 
 
 async def _stream_events(client: Any, stream: str) -> list[dict[str, Any]]:
@@ -185,19 +144,17 @@ async def test_a_relay_stuck_mid_statement_loses_the_lock_to_the_next(
     numbering (``pg_advisory_xact_lock``): the relay that runs ends it once older than the
     lease, then leads and publishes."""
     backend = private_pg_backend
-    assert backend.database_url is not None
     env = {**backend.env, **shared_redis}
     stream = f"{shared_redis['IDEMPAY_REDIS_PREFIX']}outbox"
     engine = create_engine(backend.settings)
     client = aioredis.Redis.from_url(SHARED_REDIS)
-    stuck = await asyncpg.connect(
-        backend.database_url.replace("+asyncpg", ""),
-        server_settings={"application_name": f"{TAG} stopped"},
+    stuck = await stuck_session(
+        dsn(backend),
+        f"{TAG} stopped",
+        f"SELECT {lock}($1)",
+        LOCK_ID,
     )
     try:
-        await stuck.transaction().start()
-        await stuck.execute(f"SELECT {lock}($1)", LOCK_ID)
-        await stuck.prepare("SELECT 1")  # parsed, never run: the session waits for the client
         await create_api_key(engine, MERCHANT)
         sent = await append(engine, MERCHANT, 2)
         with _relay(env, tmp_path / "a.log"):

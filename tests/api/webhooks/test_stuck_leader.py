@@ -16,13 +16,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -36,8 +33,9 @@ from api.webhooks.worker import TAG
 from tests.api.webhooks.outbox_events import append
 from tests.support.backend import Backend
 from tests.support.eventually import eventually_async
+from tests.support.leaders import api_process, stop_process, stop_while, stuck_session
 from tests.support.receiver import Receiver
-from tests.support.services import ROOT
+from tests.support.stalls import dsn
 
 SECRET = "whsec_stuck"
 LEASE = 2  # IDEMPAY_WEBHOOK_LEASE: seconds before Postgres ends a stopped leader's sessions
@@ -53,52 +51,23 @@ NUMBERING = (
 )
 
 
-@contextmanager
-def _worker(backend: Backend, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _worker(backend: Backend, log: Path) -> AbstractContextManager[subprocess.Popen[bytes]]:
     env = {
-        **os.environ,
         **backend.env,
         "IDEMPAY_WEBHOOK_ALLOW_PRIVATE": "127.0.0.0/8",  # the receiver is local
         "IDEMPAY_WEBHOOK_LEASE": str(LEASE),
         "IDEMPAY_LOG_JSON": "false",
     }
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "api", "webhooks", "--interval", "0.1", "--timeout", "2"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            yield process
-        finally:
-            os.kill(process.pid, signal.SIGCONT)
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-
-
-def _stop(pid: int) -> None:
-    """SIGSTOP ``pid`` and return once it is stopped."""
-    os.kill(pid, signal.SIGSTOP)
-    stat = Path(f"/proc/{pid}/stat")
-    while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":
-        time.sleep(0.001)
+    return api_process(["webhooks", "--interval", "0.1", "--timeout", "2"], env, log)
 
 
 async def _anywhere(engine: AsyncEngine, pid: int) -> None:
-    _stop(pid)
+    stop_process(pid)
 
 
 async def _inside_numbering(engine: AsyncEngine, pid: int) -> None:
     """Stop the leader while its tick holds the numbering's transaction lock (each tick's
-    ``number_committed`` takes it for one transaction of a few ms): watch for it, stop the
-    leader, and check it still holds it once stopped — else let it run and try again."""
-    deadline = time.monotonic() + WAIT
+    ``number_committed`` takes it for one transaction of a few ms)."""
     async with engine.connect() as conn:
 
         async def held() -> bool:
@@ -106,14 +75,7 @@ async def _inside_numbering(engine: AsyncEngine, pid: int) -> None:
             await conn.commit()
             return bool(count)
 
-        while time.monotonic() < deadline:
-            if not await held():
-                continue
-            _stop(pid)
-            if await held():
-                return
-            os.kill(pid, signal.SIGCONT)
-    raise AssertionError(f"never caught the leader inside its numbering in {WAIT} s")
+        await stop_while(pid, held, what="the leader inside its numbering", within=WAIT)
 
 
 @pytest.mark.parametrize("stop", [_anywhere, _inside_numbering], ids=lambda f: f.__name__[1:])
@@ -170,16 +132,14 @@ async def test_a_worker_stuck_mid_statement_loses_its_transaction_to_the_next(
     session of another worker sits in the numbering's transaction: the worker that runs
     ends it once older than the lease, and numbers and delivers."""
     backend = private_pg_backend
-    assert backend.database_url is not None
     engine = create_engine(backend.settings)
-    stuck = await asyncpg.connect(
-        backend.database_url.replace("+asyncpg", ""),
-        server_settings={"application_name": f"{TAG} stopped"},
+    stuck = await stuck_session(
+        dsn(backend),
+        f"{TAG} stopped",
+        "SELECT pg_advisory_xact_lock($1)",  # as a tick's
+        NUMBERING_LOCK,
     )
     try:
-        await stuck.transaction().start()
-        await stuck.execute("SELECT pg_advisory_xact_lock($1)", NUMBERING_LOCK)  # as a tick's
-        await stuck.prepare("SELECT 1")  # parsed, never run: the session waits for the client
         await create_api_key(engine, "merchant-s")
         with Receiver(SECRET) as receiver:
             await endpoints.add(
