@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -78,6 +78,30 @@ async def _inside_numbering(engine: AsyncEngine, pid: int) -> None:
         await stop_while(pid, held, what="the leader inside its numbering", within=WAIT)
 
 
+@asynccontextmanager
+async def _receiving(engine: AsyncEngine) -> AsyncIterator[Receiver]:
+    """merchant-s, its webhooks sent to a receiver of the test's own."""
+    await create_api_key(engine, "merchant-s")
+    with Receiver(SECRET) as receiver:
+        await endpoints.add(
+            engine,
+            "merchant-s",
+            receiver.url,
+            secret=SECRET,
+            allow=AllowList.parse("127.0.0.1"),
+        )
+        yield receiver
+
+
+async def _received(receiver: Receiver, count: int, what: str) -> None:
+    await eventually_async(
+        lambda: len(receiver.events),
+        until=lambda seen: seen >= count,
+        what=what,
+        timeout=WAIT,
+    )
+
+
 @pytest.mark.parametrize("stop", [_anywhere, _inside_numbering], ids=lambda f: f.__name__[1:])
 async def test_a_stopped_leader_loses_the_lock_to_a_standby(
     private_pg_backend: Backend,
@@ -87,23 +111,10 @@ async def test_a_stopped_leader_loses_the_lock_to_a_standby(
     backend = private_pg_backend
     engine = create_engine(backend.settings)
     try:
-        await create_api_key(engine, "merchant-s")
-        with Receiver(SECRET) as receiver:
-            await endpoints.add(
-                engine,
-                "merchant-s",
-                receiver.url,
-                secret=SECRET,
-                allow=AllowList.parse("127.0.0.1"),
-            )
+        async with _receiving(engine) as receiver:
 
             async def received(count: int, what: str) -> None:
-                await eventually_async(
-                    lambda: len(receiver.events),
-                    until=lambda seen: seen >= count,
-                    what=what,
-                    timeout=WAIT,
-                )
+                await _received(receiver, count, what)
 
             first = await append(engine, "merchant-s", 2)
             with _worker(backend, tmp_path / "a.log") as leader:
@@ -140,22 +151,11 @@ async def test_a_worker_stuck_mid_statement_loses_its_transaction_to_the_next(
         NUMBERING_LOCK,
     )
     try:
-        await create_api_key(engine, "merchant-s")
-        with Receiver(SECRET) as receiver:
-            await endpoints.add(
-                engine,
-                "merchant-s",
-                receiver.url,
-                secret=SECRET,
-                allow=AllowList.parse("127.0.0.1"),
-            )
+        async with _receiving(engine) as receiver:
             sent = await append(engine, "merchant-s", 2)
             with _worker(backend, tmp_path / "a.log"):
-                await eventually_async(
-                    lambda: len(receiver.events),
-                    until=lambda seen: seen >= 2,
-                    what="the worker to end the stuck transaction, number and deliver",
-                    timeout=WAIT,
+                await _received(
+                    receiver, 2, "the worker to end the stuck transaction, number and deliver"
                 )
         log = (tmp_path / "a.log").read_text()
     finally:
