@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
 import asyncpg
@@ -58,8 +58,9 @@ def dsn(backend: Backend) -> str:
     return backend.database_url.replace("+asyncpg", "")
 
 
-class HeldKey:
-    """A plain transaction holding an uncommitted row of a key; ``release`` rolls it back."""
+class Held:
+    """A plain transaction of its own connection, holding what its statement took (the
+    row it wrote, locked or updated); ``release`` rolls it back."""
 
     def __init__(self, conn: asyncpg.Connection, tx: Any) -> None:
         self.conn = conn
@@ -73,21 +74,29 @@ class HeldKey:
 
 
 @asynccontextmanager
-async def held_key(dsn: str, merchant_id: str, key: str, **connect: Any) -> AsyncIterator[HeldKey]:
-    """Another transaction's claim of ``key``, not committed, from a connection of its own
-    (``connect``: asyncpg's options); released, if the test did not, and closed at the exit."""
+async def held(dsn: str, statement: str, *args: object, **connect: Any) -> AsyncIterator[Held]:
+    """A transaction that ran ``statement`` with ``args`` and is left open (an operator's
+    ``BEGIN; UPDATE …``, a stuck writer), from a connection of its own (``connect``:
+    asyncpg's options); rolled back, if the test did not, and closed at the exit."""
     conn = await asyncpg.connect(dsn, **connect)
     try:
         tx = conn.transaction()
         await tx.start()
-        held = HeldKey(conn, tx)
+        holder = Held(conn, tx)
         try:
-            await conn.execute(HELD_KEY_ROW, merchant_id, key)
-            yield held
+            await conn.execute(statement, *args)
+            yield holder
         finally:
-            await held.release()
+            await holder.release()
     finally:
         await conn.close()
+
+
+def held_key(
+    dsn: str, merchant_id: str, key: str, **connect: Any
+) -> AbstractAsyncContextManager[Held]:
+    """Another create's claim of ``key``, not committed (``held``)."""
+    return held(dsn, HELD_KEY_ROW, merchant_id, key, **connect)
 
 
 async def until_seen(

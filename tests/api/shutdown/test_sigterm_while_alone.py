@@ -39,7 +39,7 @@ import pytest
 
 from tests.api.transactions.truthful_answers import new_merchant
 from tests.support.backend import Backend
-from tests.support.client import body
+from tests.support.client import body, post_create
 from tests.support.stalls import WAITING, admin, dsn, held_key, until_seen
 
 pytestmark = pytest.mark.server
@@ -63,11 +63,7 @@ def test_create_waiting_alone_at_sigterm_is_answered_per_contract(
         ):
 
             def post(key: str, amount: int) -> Any:
-                return client.post(
-                    "/v1/transactions",
-                    json=body(amount=amount),
-                    headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
-                )
+                return post_create(client, api_key, key, body(amount=amount))
 
             waiting = asyncio.create_task(post(held, 77))
             others = [asyncio.create_task(post(str(uuid.uuid4()), 100 + n)) for n in range(3)]

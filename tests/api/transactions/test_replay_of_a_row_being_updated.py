@@ -30,12 +30,12 @@ import time
 import uuid
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
 from tests.support.backend import Backend
-from tests.support.client import body
+from tests.support.client import body, post_create
+from tests.support.stalls import dsn, held
 
 pytestmark = pytest.mark.server
 
@@ -46,37 +46,23 @@ def test_replay_while_another_transaction_updates_the_key_row(
     backend = private_pg_backend
     server = backend.server()
     api_key = backend.api_key("review-s7-updated")
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
     key = str(uuid.uuid4())
 
     async def run() -> tuple[httpx.Response, httpx.Response, float, list[httpx.Response]]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
 
             def post(key: str, amount: int) -> Any:
-                return client.post(
-                    "/v1/transactions",
-                    json=body(amount=amount),
-                    headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
-                )
+                return post_create(client, api_key, key, body(amount=amount))
 
             first = await post(key, 11)
             assert first.status_code == 201
-            operator = await asyncpg.connect(dsn)
-            tx = operator.transaction()
-            await tx.start()
-            try:
-                await operator.execute(
-                    "UPDATE idempotency_key SET updated_at = updated_at WHERE key = $1", key
-                )
+            updating = "UPDATE idempotency_key SET updated_at = updated_at WHERE key = $1"
+            async with held(dsn(backend), updating, key):  # an operator's open transaction
                 started = time.monotonic()
                 replay = asyncio.create_task(post(key, 11))
                 others = await asyncio.gather(*(post(str(uuid.uuid4()), 20 + n) for n in range(3)))
                 answer = await asyncio.wait_for(replay, 45)
                 return first, answer, time.monotonic() - started, others
-            finally:
-                await tx.rollback()
-                await operator.close()
 
     first, replay, waited, others = asyncio.run(run())
     assert [r.status_code for r in others] == [201, 201, 201]

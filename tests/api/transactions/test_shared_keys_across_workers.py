@@ -29,22 +29,20 @@ import time
 import uuid
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
 from tests.api.transactions.truthful_answers import (
     Sent,
     assert_acquirer,
+    assert_retried_truthful,
     assert_shape,
-    assert_truthful,
     merchant_id,
     response_summary,
-    retry_until_real,
-    wait_settled,
 )
 from tests.support.backend import Backend
-from tests.support.client import body, card
+from tests.support.client import body, card, post_create
+from tests.support.stalls import dsn, held
 
 pytestmark = pytest.mark.server
 
@@ -77,11 +75,7 @@ def test_same_keys_from_two_workers_at_once(private_pg_backend: Backend) -> None
 
             async def post(name: str, key: str, amount: int) -> Sent:
                 payload = _payload(amount)
-                response = await client.post(
-                    "/v1/transactions",
-                    json=payload,
-                    headers={"Authorization": f"Bearer {api_keys[name]}", "Idempotency-Key": key},
-                )
+                response = await post_create(client, api_keys[name], key, payload)
                 return Sent(ids[name], api_keys[name], key, payload, response)
 
             return await asyncio.gather(*(post(*send) for send in plan))
@@ -90,9 +84,7 @@ def test_same_keys_from_two_workers_at_once(private_pg_backend: Backend) -> None
     print("answers", response_summary(sends))
     for sent in sends:
         assert_shape(sent, {201, 202, 409, 422})
-    finals = retry_until_real(server.url, [s for s in sends if s.status == 409])
-    wait_settled(backend)
-    assert_truthful(server.url, sends, finals)
+    assert_retried_truthful(server.url, backend, sends, [s for s in sends if s.status == 409])
 
     by_key: dict[tuple[str, str], list[Sent]] = {}
     for sent in sends:
@@ -122,37 +114,23 @@ def test_row_locked_for_update_holds_neither_its_replay_nor_other_creates(
     backend = private_pg_backend
     server = backend.server()
     api_key = backend.api_key("shared-keys-forupdate")
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
     locked = str(uuid.uuid4())
 
     async def run() -> tuple[float, list[httpx.Response]]:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
 
             def post(key: str, amount: int) -> Any:
-                return client.post(
-                    "/v1/transactions",
-                    json=body(amount=amount),
-                    headers={"Authorization": f"Bearer {api_key}", "Idempotency-Key": key},
-                )
+                return post_create(client, api_key, key, body(amount=amount))
 
             first = await post(locked, 321)
             assert first.status_code == 201
-            operator = await asyncpg.connect(dsn)
-            tx = operator.transaction()
-            await tx.start()
-            try:
-                await operator.execute(
-                    "SELECT * FROM idempotency_key WHERE key = $1 FOR UPDATE", locked
-                )
+            locking = "SELECT * FROM idempotency_key WHERE key = $1 FOR UPDATE"
+            async with held(dsn(backend), locking, locked):  # an operator's open transaction
                 started = time.monotonic()
                 answers = await asyncio.gather(
                     post(locked, 321), *(post(str(uuid.uuid4()), 400 + n) for n in range(8))
                 )
                 return time.monotonic() - started, [first, *answers]
-            finally:
-                await tx.rollback()
-                await operator.close()
 
     waited, (first, replay, *others) = asyncio.run(run())
     assert waited < 1.0
