@@ -1,14 +1,32 @@
-"""Outbox events for a merchant, appended as the create path appends them."""
+"""Outbox events for a merchant, appended as the create path appends them, on an engine
+with the merchants a test names."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from api.db import atomic, utcnow
+from api.auth import create_api_key
+from api.db import atomic, create_engine, utcnow
 from api.outbox import writer as outbox
+from tests.support.backend import Backend
+
+
+@asynccontextmanager
+async def merchants_engine(backend: Backend, *names: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on the backend's database, a merchant (with an API key) of each name made
+    first; disposed at the exit."""
+    engine = create_engine(backend.settings)
+    try:
+        for name in names:
+            await create_api_key(engine, name)
+        yield engine
+    finally:
+        await engine.dispose()
 
 
 async def merchant_id(engine: AsyncEngine, name: str) -> str:

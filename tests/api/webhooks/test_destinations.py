@@ -16,14 +16,13 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
-from api.auth import create_api_key
 from api.cli import app
-from api.db import create_engine, utcnow
+from api.db import utcnow
 from api.models import WebhookDelivery
 from api.webhooks import endpoints
 from api.webhooks.destinations import AllowList
 from api.webhooks.worker import WebhookWorker
-from tests.api.webhooks.outbox_events import append
+from tests.api.webhooks.outbox_events import append, merchants_engine
 from tests.api.webhooks.raw_receiver import RawReceiver
 from tests.support.backend import Backend
 
@@ -71,12 +70,8 @@ class Names:
 
 @pytest.fixture
 async def engine(private_backend: Backend) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(private_backend.settings)
-    await create_api_key(engine, "merchant-d")
-    try:
+    async with merchants_engine(private_backend, "merchant-d") as engine:
         yield engine
-    finally:
-        await engine.dispose()
 
 
 def test_webhook_add_refuses_internal_destinations(private_backend: Backend) -> None:

@@ -15,14 +15,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from api.auth import create_api_key
-from api.db import create_engine
 from api.models import WebhookDelivery
 from api.webhooks import endpoints
 from api.webhooks.destinations import AllowList
 from api.webhooks.queue import Backoff
 from api.webhooks.worker import WebhookWorker
-from tests.api.webhooks.outbox_events import append
+from tests.api.webhooks.outbox_events import append, merchants_engine
 from tests.api.webhooks.raw_receiver import RawReceiver
 from tests.support.backend import Backend
 from tests.support.eventually import eventually_async
@@ -35,13 +33,8 @@ HUGE = 64 * 1024 * 1024
 
 @pytest.fixture
 async def engine(private_backend: Backend) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(private_backend.settings)
-    await create_api_key(engine, "merchant-w")
-    await create_api_key(engine, "merchant-x")
-    try:
+    async with merchants_engine(private_backend, "merchant-w", "merchant-x") as engine:
         yield engine
-    finally:
-        await engine.dispose()
 
 
 async def _rows(engine: AsyncEngine, endpoint_id: str) -> list[Any]:

@@ -5,16 +5,15 @@ leads and delivery goes on."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import httpx
 
 from api.auth import create_api_key
-from api.db import atomic, create_engine, utcnow
-from api.outbox import writer as outbox
+from api.db import create_engine
 from api.webhooks import endpoints
 from api.webhooks.destinations import AllowList
 from api.webhooks.worker import LOCK_ID, WebhookWorker
+from tests.api.webhooks.outbox_events import append, merchants_engine
 from tests.support.backend import Backend
 from tests.support.eventually import eventually_async
 from tests.support.receiver import Receiver
@@ -28,22 +27,10 @@ HOLDER = (
 )
 
 
-async def _append(backend: Backend, merchant_id: str, count: int) -> None:
-    engine = create_engine(backend.settings)
-    try:
-        for _ in range(count):
-            key = str(uuid.uuid4())
-            async with atomic(engine) as conn:
-                await outbox.append(
-                    conn,
-                    merchant_id=merchant_id,
-                    event_type=outbox.COMPLETED,
-                    transaction_id=key,
-                    data={"id": key},
-                    now=utcnow(),
-                )
-    finally:
-        await engine.dispose()
+async def _append(backend: Backend, count: int) -> None:
+    """Events for merchant-lead, written on an engine of their own (not a worker's)."""
+    async with merchants_engine(backend) as engine:
+        await append(engine, "merchant-lead", count)
 
 
 async def _until(receiver: Receiver, count: int) -> None:
@@ -66,7 +53,6 @@ async def test_one_worker_delivers_at_a_time_and_another_takes_over(
         await endpoints.add(
             engines[0], "merchant-lead", receiver.url, secret=SECRET, allow=LOOPBACK
         )
-        merchant_id = (await asyncio.to_thread(backend.sql, "SELECT id FROM merchant"))[0][0]
         async with httpx.AsyncClient(timeout=5) as client:
             tasks = [
                 asyncio.create_task(
@@ -77,14 +63,14 @@ async def test_one_worker_delivers_at_a_time_and_another_takes_over(
                 for engine in engines
             ]
             try:
-                await _append(backend, merchant_id, 6)
+                await _append(backend, 6)
                 await _until(receiver, 6)
                 holder = await asyncio.to_thread(backend.sql, HOLDER, lock=LOCK_ID)
                 killed = await asyncio.to_thread(
                     backend.sql, "SELECT pg_terminate_backend(:pid)", pid=holder[0][0]
                 )
                 assert killed[0][0] is True
-                await _append(backend, merchant_id, 3)
+                await _append(backend, 3)
                 await _until(receiver, 9)
             finally:
                 stopping = True

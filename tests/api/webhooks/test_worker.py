@@ -5,23 +5,20 @@ dead-lettered; a replay sends a time range again under the same event ids."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import httpx
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from api.auth import create_api_key
-from api.db import atomic, create_engine, utcnow
-from api.outbox import writer as outbox
+from api.db import utcnow
 from api.webhooks import endpoints
 from api.webhooks.destinations import AllowList
 from api.webhooks.queue import Backoff
 from api.webhooks.worker import WebhookWorker
 from idempay_tools.serve_process import free_port
+from tests.api.webhooks.outbox_events import append, merchants_engine
 from tests.support.backend import Backend
 from tests.support.eventually import eventually_async
 from tests.support.receiver import Receiver
@@ -33,38 +30,8 @@ FAST = Backoff(base=0.05, cap=0.05)
 
 @pytest.fixture
 async def engine(private_backend: Backend) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(private_backend.settings)
-    await create_api_key(engine, "merchant-w")
-    await create_api_key(engine, "merchant-x")
-    try:
+    async with merchants_engine(private_backend, "merchant-w", "merchant-x") as engine:
         yield engine
-    finally:
-        await engine.dispose()
-
-
-async def _merchant_id(engine: AsyncEngine, name: str) -> str:
-    async with engine.connect() as conn:
-        row = await conn.execute(text("SELECT id FROM merchant WHERE name = :n"), {"n": name})
-        return str(row.scalar_one())
-
-
-async def _events(engine: AsyncEngine, merchant: str, count: int) -> list[str]:
-    """Append ``count`` outbox events for ``merchant``, each in its own commit."""
-    merchant_id = await _merchant_id(engine, merchant)
-    ids = []
-    for _ in range(count):
-        key = str(uuid.uuid4())
-        async with atomic(engine) as conn:
-            await outbox.append(
-                conn,
-                merchant_id=merchant_id,
-                event_type=outbox.COMPLETED,
-                transaction_id=key,
-                data={"id": key, "status": "approved"},
-                now=utcnow(),
-            )
-        ids.append(key)
-    return ids
 
 
 async def _until_settled(worker: WebhookWorker, engine: AsyncEngine, *ids: str) -> None:
@@ -85,7 +52,7 @@ async def _until_settled(worker: WebhookWorker, engine: AsyncEngine, *ids: str) 
 
 
 async def test_every_event_reaches_a_verifying_receiver_in_seq_order(engine: AsyncEngine) -> None:
-    await _events(engine, "merchant-w", 1)  # numbered before the endpoint: not sent
+    await append(engine, "merchant-w", 1)  # numbered before the endpoint: not sent
     with Receiver(SECRET) as receiver:
         async with httpx.AsyncClient(timeout=5) as client:
             worker = WebhookWorker(engine, client, backoff=FAST, allow=LOOPBACK)
@@ -93,8 +60,8 @@ async def test_every_event_reaches_a_verifying_receiver_in_seq_order(engine: Asy
             endpoint, _ = await endpoints.add(
                 engine, "merchant-w", receiver.url, secret=SECRET, allow=LOOPBACK
             )
-            mine = await _events(engine, "merchant-w", 3)
-            await _events(engine, "merchant-x", 2)  # another merchant's: never sent here
+            mine = await append(engine, "merchant-w", 3)
+            await append(engine, "merchant-x", 2)  # another merchant's: never sent here
             await worker.run_once()
             assert await worker.run_once() == 0
     assert receiver.bad_signatures == 0
@@ -109,7 +76,7 @@ async def test_a_500_is_retried_and_later_events_wait_their_turn(engine: AsyncEn
         endpoint, _ = await endpoints.add(
             engine, "merchant-w", receiver.url, secret=SECRET, allow=LOOPBACK
         )
-        mine = await _events(engine, "merchant-w", 3)
+        mine = await append(engine, "merchant-w", 3)
         async with httpx.AsyncClient(timeout=5) as client:
             worker = WebhookWorker(engine, client, backoff=FAST, allow=LOOPBACK)
             await _until_settled(worker, engine, endpoint.id)
@@ -132,7 +99,7 @@ async def test_timeouts_and_refusals_end_in_the_dead_letter_list(engine: AsyncEn
         healthy, _ = await endpoints.add(
             engine, "merchant-w", good.url, secret=SECRET, allow=LOOPBACK
         )
-        mine = await _events(engine, "merchant-w", 2)
+        mine = await append(engine, "merchant-w", 2)
         async with httpx.AsyncClient(timeout=0.3) as client:
             worker = WebhookWorker(engine, client, backoff=give_up, allow=LOOPBACK)
             await _until_settled(worker, engine, timing_out.id, refused.id, healthy.id)
@@ -160,11 +127,11 @@ async def test_a_replay_sends_a_time_range_again_under_the_same_ids(engine: Asyn
         endpoint, _ = await endpoints.add(
             engine, "merchant-w", receiver.url, secret=SECRET, allow=LOOPBACK
         )
-        before = await _events(engine, "merchant-w", 2)
+        before = await append(engine, "merchant-w", 2)
         start = utcnow()
-        during = await _events(engine, "merchant-w", 2)
+        during = await append(engine, "merchant-w", 2)
         end = utcnow()
-        await _events(engine, "merchant-w", 1)
+        await append(engine, "merchant-w", 1)
         async with httpx.AsyncClient(timeout=5) as client:
             worker = WebhookWorker(engine, client, backoff=FAST, allow=LOOPBACK)
             await _until_settled(worker, engine, endpoint.id)
@@ -182,7 +149,7 @@ async def test_a_removed_endpoint_receives_nothing(engine: AsyncEngine) -> None:
             engine, "merchant-w", receiver.url, secret=SECRET, allow=LOOPBACK
         )
         await endpoints.remove(engine, endpoint.id)
-        await _events(engine, "merchant-w", 2)
+        await append(engine, "merchant-w", 2)
         async with httpx.AsyncClient(timeout=5) as client:
             assert await WebhookWorker(engine, client, allow=LOOPBACK).run_once() == 0
     assert receiver.attempts == []
