@@ -30,24 +30,12 @@ from api.migrate import (
 from api.models import Base
 from tests.support.backend import Backend
 from tests.support.eventually import eventually
+from tests.support.migrations import race_migrations
 from tests.support.services import ROOT, create_database, drop_database, pg_url
 
 # `idempay migrate` processes (eight at once) on throw-away databases: a kind the fast lane
 # leaves out, marked here as tests/conftest.py finds none of its fixtures in this module.
 pytestmark = pytest.mark.server
-
-# Each process imports everything first, then waits for the go file, so that the
-# migrations really start together (imports alone would stagger them by seconds).
-RACER = """
-import os, sys, time
-from api.config import Settings
-from api.migrate import migrate
-settings = Settings()
-print("ready", flush=True)
-while not os.path.exists(sys.argv[1]):
-    time.sleep(0.001)
-migrate(settings)
-"""
 
 
 def test_concurrent_migrations_on_a_fresh_database_all_succeed(tmp_path: Path) -> None:
@@ -55,22 +43,8 @@ def test_concurrent_migrations_on_a_fresh_database_all_succeed(tmp_path: Path) -
     go = tmp_path / "go"
     try:
         env = {**os.environ, "IDEMPAY_DATABASE_URL": pg_url(name)}
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", RACER, str(go)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-            for _ in range(8)
-        ]
-        for proc in procs:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == b"ready"
-        go.touch()  # every racer is at its start line
-        outputs = [proc.communicate(timeout=120)[0].decode() for proc in procs]
-        assert [proc.returncode for proc in procs] == [0] * len(procs), outputs
+        codes, outputs = race_migrations(env, 8, go, timeout=120)
+        assert codes == [0] * 8, outputs
         check = subprocess.run(
             ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", name, "-tAc",
              "SELECT count(*) FROM alembic_version; SELECT count(*) FROM idempotency_key"],

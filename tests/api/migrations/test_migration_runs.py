@@ -34,6 +34,7 @@ from api.config import Settings
 from api.migrate import alembic_config, migrate
 from tests.support.backend import Backend
 from tests.support.eventually import eventually
+from tests.support.migrations import race_migrations
 from tests.support.services import ROOT, create_database, drop_database, pg_url
 
 pytestmark = pytest.mark.server
@@ -162,40 +163,13 @@ def sqlite_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "IDEMPAY_DATABASE_URL"}
 
 
-# Each process imports everything first, then waits for the go file (as in test_migrations).
-RACER = """
-import os, sys, time
-from api.config import Settings
-from api.migrate import migrate
-settings = Settings()
-print("ready", flush=True)
-while not os.path.exists(sys.argv[1]):
-    time.sleep(0.001)
-migrate(settings)
-"""
-
-
 def test_concurrent_migrations_on_sqlite_all_succeed(tmp_path: Path) -> None:
     """Four ``idempay migrate`` released together on one SQLite file: all exit 0, one
     migrated, the others waited and found it at head."""
     go = tmp_path / "go"
     env = {**sqlite_env(), "IDEMPAY_VAR_DIR": str(tmp_path / "var")}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RACER, str(go)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for _ in range(4)
-    ]
-    for proc in procs:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == b"ready"
-    go.touch()
-    outputs = [proc.communicate(timeout=180)[0].decode() for proc in procs]
-    assert [proc.returncode for proc in procs] == [0] * len(procs), outputs
+    codes, outputs = race_migrations(env, 4, go, timeout=180)
+    assert codes == [0] * 4, outputs
     settings = Settings(database_url=None, var_dir=tmp_path / "var")
     backend = Backend("sqlite", None, tmp_path)
     assert backend.sql("SELECT count(*) FROM alembic_version")[0][0] == 1
