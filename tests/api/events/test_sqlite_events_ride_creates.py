@@ -15,38 +15,21 @@ from typing import Any
 import pytest
 
 from api.db import create_engine
-from api.events.writer import COLUMNS, Event, EventWriter, RequestOutcome
+from api.events.writer import Event, EventWriter, RequestOutcome
 from api.storage_errors import StorageUnavailableError
 from api.transactions.sqlite_create import SqliteInline
 from tests.support.backend import Backend
+from tests.support.sqlite_events import event_row, sqlite_writer
 
 
 def _row(merchant: str = "m-events", **overrides: Any) -> tuple[Any, ...]:
-    values = {
-        "event_id": str(uuid.uuid4()),
-        "ts": datetime.now(UTC),
-        "merchant_id": merchant,
-        "terminal_id": "T-1",
-        "idempotency_key": str(uuid.uuid4()),
-        "endpoint": "create",
-        "outcome": "created",
-        "http_status": 201,
-        "attempt": 1,
-        "network": "3g",
-        "latency_ms": 12.5,
-        **overrides,
-    }
-    return tuple(values[column] for column in COLUMNS)
+    return event_row(merchant, **{"latency_ms": 12.5, **overrides})
 
 
 @pytest.fixture
 async def inline(private_sqlite_backend: Backend) -> AsyncIterator[SqliteInline]:
-    path = private_sqlite_backend.url.split("///", 1)[1]
-    writer = SqliteInline(path)
-    try:
+    async with sqlite_writer(private_sqlite_backend) as writer:
         yield writer
-    finally:
-        await writer.close()
 
 
 async def _events(backend: Backend, merchant: str) -> list[Any]:

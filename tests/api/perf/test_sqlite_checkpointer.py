@@ -12,45 +12,20 @@ import asyncio
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from api.events.writer import COLUMNS
 from api.transactions import sqlite_create
 from api.transactions.sqlite_create import SqliteInline
 from tests.support.backend import Backend
-
-
-def _row(merchant: str) -> tuple[Any, ...]:
-    values = {
-        "event_id": str(uuid.uuid4()),
-        "ts": datetime.now(UTC),
-        "merchant_id": merchant,
-        "terminal_id": "T-1",
-        "idempotency_key": str(uuid.uuid4()),
-        "endpoint": "create",
-        "outcome": "created",
-        "http_status": 201,
-        "attempt": 1,
-        "network": "3g",
-        "latency_ms": 1.5,
-    }
-    return tuple(values[column] for column in COLUMNS)
-
-
-def _path(backend: Backend) -> str:
-    return backend.url.split("///", 1)[1]
+from tests.support.sqlite_events import event_row, sqlite_path, sqlite_writer
 
 
 @pytest.fixture
 async def inline(private_sqlite_backend: Backend) -> AsyncIterator[SqliteInline]:
-    writer = SqliteInline(_path(private_sqlite_backend))
-    try:
+    async with sqlite_writer(private_sqlite_backend) as writer:
         yield writer
-    finally:
-        await writer.close()
 
 
 def _in_database_file(path: str, merchant: str) -> int:
@@ -85,9 +60,9 @@ def test_the_writers_connection_keeps_full_sync_and_sets_the_backstop(tmp_path: 
 async def test_committed_writes_reach_the_database_file_without_a_checkpoint_in_a_batch(
     private_sqlite_backend: Backend, inline: SqliteInline
 ) -> None:
-    path = _path(private_sqlite_backend)
+    path = sqlite_path(private_sqlite_backend)
     merchant = f"m-{uuid.uuid4().hex[:8]}"
-    await inline.write_events([_row(merchant) for _ in range(20)])
+    await inline.write_events([event_row(merchant) for _ in range(20)])
     # answered: durable in the WAL, far below the writer's own checkpoint threshold; only
     # a checkpoint beside it copies them into the database file
     deadline = asyncio.get_running_loop().time() + 5.0
@@ -102,7 +77,7 @@ async def test_committed_writes_reach_the_database_file_without_a_checkpoint_in_
 
 
 async def test_close_stops_the_checkpointer(private_sqlite_backend: Backend) -> None:
-    writer = SqliteInline(_path(private_sqlite_backend))
-    await writer.write_events([_row("m-close")])
+    writer = SqliteInline(sqlite_path(private_sqlite_backend))
+    await writer.write_events([event_row("m-close")])
     await writer.close()
     assert not writer.checkpointer._thread.is_alive()

@@ -14,37 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from api.events.writer import COLUMNS
 from api.transactions import sqlite_create
 from api.transactions.sqlite_create import SqliteInline
 from idempay_tools._chaos_diskfull import WAL_CEILING_BYTES
 from tests.support.backend import Backend
+from tests.support.sqlite_events import event_row, sqlite_path
 
 ROWS = 100_000
 TASKS = 32
 
 
 def _row() -> tuple[Any, ...]:
-    values = {
-        "event_id": str(uuid.uuid4()),
-        "ts": datetime.now(UTC),
-        "merchant_id": "m-wal",
-        "terminal_id": "T-1",
-        "idempotency_key": str(uuid.uuid4()),
-        "endpoint": "create",
-        "outcome": "created",
-        "http_status": 201,
-        "attempt": 1,
-        "network": "3g",
-        "latency_ms": 1.5,
-    }
-    return tuple(values[column] for column in COLUMNS)
+    return event_row("m-wal")
 
 
 def _size(path: str) -> int:
@@ -55,7 +40,7 @@ def _size(path: str) -> int:
 async def test_the_wal_stays_under_its_ceiling_while_the_writer_never_stops(
     private_sqlite_backend: Backend,
 ) -> None:
-    path = private_sqlite_backend.url.split("///", 1)[1]
+    path = sqlite_path(private_sqlite_backend)
     wal = f"{path}-wal"
     inline = SqliteInline(path)
     written, largest = 0, 0
