@@ -25,15 +25,14 @@ HELD_KEY_ROW = (
     "INSERT INTO idempotency_key (merchant_id, key, state, lease_token,"
     " created_at, updated_at) VALUES ($1, $2, 'processing', 1, now(), now())"
 )
-# The backends (other than the one asking) that wait on a lock.
-LOCK_WAITERS = (
-    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+# The backends of this database (other than the one asking) waiting on a lock: their pids,
+# their count.
+_WAIT_ON_A_LOCK = (
+    " FROM pg_stat_activity WHERE datname = current_database()"
     " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
 )
-WAITING = (
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-)
+LOCK_WAITERS = "SELECT pid" + _WAIT_ON_A_LOCK
+WAITING = "SELECT count(*)" + _WAIT_ON_A_LOCK
 # The backends sleeping in the stalling trigger.
 SLEEPING = (
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
