@@ -307,12 +307,12 @@ async def _settled(merchant: Merchant, key: str, *, within: float = 10) -> dict[
 # -------------------------------------------------------------- racing keys
 
 
-async def test_new_keys_racing_for_one_sale_charge_once(guarded: Merchant) -> None:
-    """New keys racing for a sale already approved: every one is refused, each naming it —
-    the sale is charged once."""
+async def racing_keys_charge_once(guarded: Merchant, racers: int) -> None:
+    """``racers`` new keys racing for a sale already approved: every one is refused, each
+    naming it — the sale is charged once."""
     first = new_key()
     assert (await guarded.create(first)).status_code == 201
-    keys = [new_key() for _ in range(8)]
+    keys = [new_key() for _ in range(racers)]
     responses = await asyncio.gather(*(guarded.create(key) for key in keys))
     for response in responses:
         blocked(response, first)
@@ -323,6 +323,12 @@ async def test_new_keys_racing_for_one_sale_charge_once(guarded: Merchant) -> No
         m=await guarded.merchant_id(),
     )
     assert rows[0][0] == 1
+
+
+async def test_new_keys_racing_for_one_sale_charge_once(guarded: Merchant) -> None:
+    """New keys racing for a sale already approved: every one is refused, each naming it —
+    the sale is charged once."""
+    await racing_keys_charge_once(guarded, 8)
 
 
 async def test_new_keys_racing_while_none_is_approved_yet(guarded: Merchant) -> None:

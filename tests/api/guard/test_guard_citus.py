@@ -7,7 +7,6 @@ which is approved yet may do)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -19,7 +18,12 @@ from api.config import Settings
 from api.migrate import migrate
 from api.transactions.guard import set_window
 from tests.api.guard.conftest import Merchant, new_key
-from tests.api.guard.test_guard import OVERRIDE, blocked, nothing_stored
+from tests.api.guard.test_guard import (
+    OVERRIDE,
+    blocked,
+    nothing_stored,
+    racing_keys_charge_once,
+)
 from tests.support.asgi import asgi_client, running_app
 from tests.support.citus import BUILD_TIMEOUT, CitusCluster
 from tests.support.client import body
@@ -80,16 +84,4 @@ async def test_the_guard_blocks_and_is_overridden_on_citus(guarded: Merchant) ->
 
 
 async def test_new_keys_racing_for_one_sale_charge_once_on_citus(guarded: Merchant) -> None:
-    first = new_key()
-    assert (await guarded.create(first)).status_code == 201
-    keys = [new_key() for _ in range(6)]
-    responses = await asyncio.gather(*(guarded.create(key) for key in keys))
-    for response in responses:
-        blocked(response, first)
-    for key in keys:
-        await nothing_stored(guarded, key)
-    rows = await guarded.sql(
-        'SELECT count(*) FROM "transaction" WHERE merchant_id = :m',
-        m=await guarded.merchant_id(),
-    )
-    assert rows[0][0] == 1
+    await racing_keys_charge_once(guarded, 6)
