@@ -21,7 +21,6 @@ import re
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,8 +33,7 @@ import api.transactions
 from api.auth import create_api_key
 from api.config import Settings
 from api.errors import TITLES
-from api.migrate import migrate
-from tests.support.asgi import asgi_client, running_app
+from tests.support.asgi import asgi_client, migrated_sqlite, running_app
 from tests.support.backend import Backend
 from tests.support.chromium import FLAGS, ensure_chromium
 
@@ -52,18 +50,7 @@ METHODS = {"get", "post", "put", "patch", "delete"}
 
 @pytest.fixture(scope="module")
 def sqlite_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    var: Path = tmp_path_factory.mktemp("openapi") / "var"
-    settings = Settings(
-        database_url=None,
-        var_dir=var,
-        redis_url=None,
-        completer_enabled=False,
-        rate_limit="100000/second",
-        rate_limit_terminal="100000/second",
-        auth_failure_limit="100000/minute",  # this module sends requests without a key
-    )
-    migrate(settings)
-    return settings
+    return migrated_sqlite(tmp_path_factory.mktemp("openapi") / "var")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +16,7 @@ from fastapi import FastAPI
 
 from api.auth import create_api_key
 from api.config import Settings
-from api.migrate import migrate
-from tests.support.asgi import asgi_client, running_app
+from tests.support.asgi import asgi_client, migrated_sqlite, running_app
 from tests.support.client import assert_problem, body, card, new_key
 
 TRANSACTIONS = "/v1/transactions"
@@ -63,19 +61,8 @@ class Merchant:
 
 @pytest.fixture(scope="module")
 def sqlite_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    """A migrated SQLite file of this module's own; Redis off (it is advisory)."""
-    var: Path = tmp_path_factory.mktemp("asgi") / "var"
-    settings = Settings(
-        database_url=None,
-        var_dir=var,
-        redis_url=None,
-        completer_enabled=False,  # nothing here leaves a key processing
-        rate_limit="100000/second",
-        rate_limit_terminal="100000/second",
-        auth_failure_limit="100000/minute",
-    )
-    migrate(settings)  # runs its own event loops: before the app's
-    return settings
+    """A migrated SQLite file of this module's own."""
+    return migrated_sqlite(tmp_path_factory.mktemp("asgi") / "var")
 
 
 @pytest.fixture(scope="module")

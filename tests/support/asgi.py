@@ -6,14 +6,34 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
 
 from api.config import Settings
 from api.main import create_app
+from api.migrate import migrate
 
 BASE_URL = "http://idempay.test"
+# Rate limits out of the way of a module that sends many requests (some without a key).
+UNLIMITED: dict[str, Any] = {
+    "rate_limit": "100000/second",
+    "rate_limit_terminal": "100000/second",
+    "auth_failure_limit": "100000/minute",
+}
+
+
+def migrated_sqlite(var: Path) -> Settings:
+    """A migrated SQLite file in ``var``; Redis off (it is advisory), no completer (nothing
+    leaves a key processing), rate limits ``UNLIMITED``. Migrated here: ``migrate`` runs
+    its own event loops, before the app's."""
+    settings = Settings(
+        database_url=None, var_dir=var, redis_url=None, completer_enabled=False, **UNLIMITED
+    )
+    migrate(settings)
+    return settings
 
 
 @contextlib.asynccontextmanager

@@ -22,7 +22,7 @@ from api.auth import create_api_key
 from api.config import Settings
 from api.migrate import migrate
 from api.transactions.guard import set_window
-from tests.support.asgi import asgi_client, running_app
+from tests.support.asgi import UNLIMITED, asgi_client, running_app
 from tests.support.client import body
 from tests.support.eventually import eventually_async
 from tests.support.services import create_database, drop_database, pg_url
@@ -137,10 +137,8 @@ def guard_settings(
         acquirer_timeout=2.0,  # a claim's lease: 2 + 1 s
         lease_seconds=1.0,
         completer_interval=0.2,
-        rate_limit="100000/second",
-        rate_limit_terminal="100000/second",
-        auth_failure_limit="100000/minute",
         event_flush_interval=0.05,
+        **UNLIMITED,
         db_pool_size=8,
     )
     migrate(settings)  # runs its own event loops: before the app's
