@@ -14,13 +14,15 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.acquirer.types import Authorization, AuthorizationRequest, ReversalRequest
 from api.config import Settings
-from api.db import create_engine
+from api.db import atomic, create_engine
+from api.idempotency import store
 from api.idempotency.keys import body_fingerprint
 from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
@@ -113,3 +115,28 @@ def new_payment(amount: int) -> tuple[str, TransactionCreate, str]:
     """A new key, a card payment of ``amount`` and its body's fingerprint."""
     create = TransactionCreate.model_validate(body(amount=amount, card=card("tok_visa_4242")))
     return str(uuid.uuid4()), create, body_fingerprint(create)
+
+
+async def claim_key(
+    service: TransactionService,
+    merchant: str,
+    key: str,
+    payment: TransactionCreate,
+    *,
+    now: datetime,
+    lease_s: float,
+) -> None:
+    """``key`` claimed for ``payment`` in the service's database as a create claims it
+    (``store.claim``, committed), at ``now`` with a lease of ``lease_s``."""
+    async with atomic(service.engine) as conn:
+        assert await store.claim(
+            conn,
+            merchant_id=merchant,
+            key=key,
+            fingerprint=body_fingerprint(payment),
+            request=payment.stored_request(),
+            terminal_id=payment.terminal_id,
+            now=now,
+            lease_s=lease_s,
+            deadline_s=service.settings.issuer_deadline,
+        )

@@ -28,11 +28,8 @@ from api.acquirer.types import (
     InDoubt,
     ReversalRequest,
 )
-from api.config import Settings
-from api.db import atomic, create_engine, utcnow
-from api.idempotency import store
+from api.db import atomic, utcnow
 from api.idempotency.completer import Completer
-from api.idempotency.keys import body_fingerprint
 from api.idempotency.store import KeyRecord
 from api.transactions import recovery, resolution
 from api.transactions.recovery import Recovered
@@ -40,6 +37,7 @@ from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
 from tests.support.backend import Backend
 from tests.support.client import body, card
+from tests.support.transaction_service import claim_key, running_service
 
 
 class OutageAcquirer:
@@ -89,21 +87,15 @@ async def service(private_backend: Backend) -> AsyncIterator[TransactionService]
     """On a database of this test's own: the suite's shared databases have servers whose
     completers re-drive any expired lease they find — one taking this test's key over first
     made ``recover`` answer LOST, and an operator's abort meet a live lease (409), in CI."""
-    backend = private_backend
-    settings = Settings(
-        database_url=backend.database_url,
-        var_dir=backend.tmp / "var",
+    async with running_service(
+        private_backend,
+        OutageAcquirer(),
         db_pool_size=2,  # Postgres is shared
         answer_within=0.3,
         lease_seconds=30.0,
         issuer_deadline=60.0,
-        redis_url=None,
-    )
-    engine = create_engine(settings)
-    try:
-        yield TransactionService(engine, OutageAcquirer(), settings)
-    finally:
-        await engine.dispose()
+    ) as service:
+        yield service
 
 
 def _payment(*, advice: bool) -> TransactionCreate:
@@ -119,18 +111,7 @@ async def _past_deadline(service: TransactionService, payment: TransactionCreate
     (lease expired) after its 0200 or 0220 left: what the completer finds after an outage."""
     merchant, key = f"mer_adv_{uuid.uuid4().hex[:12]}", str(uuid.uuid4())
     claimed_at = utcnow() - timedelta(minutes=2)
-    async with atomic(service.engine) as conn:
-        assert await store.claim(
-            conn,
-            merchant_id=merchant,
-            key=key,
-            fingerprint=body_fingerprint(payment),
-            request=payment.stored_request(),
-            terminal_id=payment.terminal_id,
-            now=claimed_at,
-            lease_s=1.0,
-            deadline_s=service.settings.issuer_deadline,
-        )
+    await claim_key(service, merchant, key, payment, now=claimed_at, lease_s=1.0)
     record = await service.read(merchant, key)
     assert record is not None and record.deadline_at is not None
     assert record.deadline_at < utcnow() and not record.lease_live(utcnow())

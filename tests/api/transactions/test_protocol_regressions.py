@@ -33,11 +33,9 @@ from api.acquirer.host import store as host_store
 from api.acquirer.host.process import AcquirerProcess
 from api.acquirer.runtime import AcquirerRuntime
 from api.acquirer.types import Authorization
-from api.config import Settings
 from api.db import atomic, create_engine, utcnow
 from api.events.writer import RequestOutcome
 from api.idempotency import store
-from api.idempotency.keys import body_fingerprint
 from api.idempotency.store import KeyRecord
 from api.transactions import acquire, recovery, resolution
 from api.transactions.outcome import Outcome
@@ -45,6 +43,7 @@ from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService
 from tests.support.backend import Backend
 from tests.support.client import body
+from tests.support.transaction_service import claim_key, service_settings
 
 ACQUIRER_TIMEOUT_S = 10.0
 
@@ -65,17 +64,14 @@ async def service(
 ) -> AsyncIterator[TransactionService]:
     # A database of its own: on the suite's shared ones, the servers' completers take over
     # the leases these tests run out on purpose (CI: a final write lost its key to one).
-    backend = private_backend
-    settings = Settings(
-        database_url=backend.database_url,
-        var_dir=backend.tmp / "var",
+    settings = service_settings(
+        private_backend,
         db_pool_size=2,  # Postgres is shared
         acquirer_url=acquirer_host.url,
         acquirer_timeout=ACQUIRER_TIMEOUT_S,
         answer_within=5.0,
         lease_seconds=30.0,
         issuer_deadline=60.0,
-        redis_url=None,
     )
     engine = create_engine(settings)
     acquirer = await AcquirerRuntime.open(settings)
@@ -106,18 +102,9 @@ async def _claimed(
     """A key claimed by a first driver (lease token 1) whose one 0200 the acquirer
     approved; the driver has not written its final write yet."""
     merchant, key = f"mer_spin_{uuid.uuid4().hex[:12]}", str(uuid.uuid4())
-    async with atomic(service.engine) as conn:
-        assert await store.claim(
-            conn,
-            merchant_id=merchant,
-            key=key,
-            fingerprint=body_fingerprint(payment),
-            request=payment.stored_request(),
-            terminal_id=payment.terminal_id,
-            now=utcnow(),
-            lease_s=service.settings.lease_seconds,
-            deadline_s=service.settings.issuer_deadline,
-        )
+    await claim_key(
+        service, merchant, key, payment, now=utcnow(), lease_s=service.settings.lease_seconds
+    )
     auth = await service.acquirer.authorize(
         service.auth_request(merchant, key, payment), timeout_s=ACQUIRER_TIMEOUT_S
     )
