@@ -1,23 +1,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support.services import RedisServer, clean_redis_prefix, shared_redis_prefix
+from tests.support.services import clean_redis_prefix, shared_redis_prefix
 
 SHARED_REDIS = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own, so it can be killed and flushed freely."""
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -60,25 +59,16 @@ class HeldCache(ResponseCache):
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.kill()
-
-
-@pytest.fixture
-async def make_service(backend: Backend, redis_server: RedisServer) -> AsyncIterator[Any]:
+async def make_service(backend: Backend, private_redis: RedisServer) -> AsyncIterator[Any]:
     settings = Settings(
         database_url=backend.database_url,
         var_dir=backend.tmp / "var",
         db_pool_size=2,  # Postgres is shared
-        redis_url=redis_server.url,
+        redis_url=private_redis.url,
     )
     engine = create_engine(settings)
     acquirer = await AcquirerRuntime.open(settings)  # a child acquirer host, as serve starts
-    client = aioredis.Redis.from_url(redis_server.url)
+    client = aioredis.Redis.from_url(private_redis.url)
 
     def make(hold: str) -> TransactionService:
         cache = HeldCache(
