@@ -3,7 +3,6 @@ migration Job's own command line, and a private Redis key prefix."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -20,7 +19,13 @@ from tests.deploy.manifests import (
     k8s_argv,
     render_local,
 )
-from tests.deploy.running import COMPOSE_ENV, SHARED_REDIS, empty_workdir, image_env, overrides
+from tests.deploy.running import (
+    COMPOSE_ENV,
+    SHARED_REDIS,
+    image_env,
+    overrides,
+    run_to_the_end,
+)
 from tests.support.services import (
     clean_redis_prefix,
     create_database,
@@ -59,17 +64,8 @@ def deployed_db(tmp_path_factory: pytest.TempPathFactory, redis_prefix: str) -> 
             **container_env(docs, job, spec),
             **overrides(url, redis_prefix),
         }
-        result = subprocess.run(
-            argv,
-            env=env,
-            cwd=empty_workdir(tmp_path_factory.mktemp("migrate")),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert f"migrated {url.split('@')[-1]}" in result.stdout
+        stdout = run_to_the_end(argv, env, tmp_path_factory.mktemp("migrate"))
+        assert f"migrated {url.split('@')[-1]}" in stdout
         yield url
     finally:
         drop_database(name)

@@ -5,6 +5,8 @@ Redis locations changed."""
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from tests.deploy.manifests import DEPLOY, VENV_BIN, dockerfile_stages
@@ -36,3 +38,19 @@ def empty_workdir(tmp_path: Path) -> Path:
     path = tmp_path / "app"
     path.mkdir(exist_ok=True)
     return path
+
+
+def run_to_the_end(argv: list[str], env: Mapping[str, str], tmp: Path) -> str:
+    """``argv`` run in ``tmp``'s empty working directory with ``env`` only, as a container
+    runs a command; it must exit 0 within 120 s. Its standard output."""
+    result = subprocess.run(
+        argv,
+        env=dict(env),
+        cwd=empty_workdir(tmp),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout

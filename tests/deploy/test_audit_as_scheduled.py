@@ -25,7 +25,7 @@ from tests.deploy.manifests import (
     render_base,
     render_local,
 )
-from tests.deploy.running import empty_workdir, image_env, overrides
+from tests.deploy.running import image_env, overrides, run_to_the_end
 
 SUMMARY_HEAD = ["event_date", "merchant_id", "transactions", "create_requests"]
 
@@ -53,21 +53,12 @@ def test_export_step_writes_yesterday_to_the_lake(
         **overrides(deployed_db, redis_prefix),
         "LAKE_DIR": str(lake),
     }
-    result = subprocess.run(
-        argv,
-        env=run_env,
-        cwd=empty_workdir(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    stdout = run_to_the_end(argv, run_env, tmp_path)
     days = {path.name for path in (lake / "request_events").iterdir()}
     assert len(days) == 1 and days <= {f"event_date={d}" for d in _yesterdays()}
     for table in ("request_events", "transactions", "ledger_entries"):
         assert list((lake / table).glob("event_date=*/*.parquet")), table
-        assert f"{table}: 0 rows" in result.stdout
+        assert f"{table}: 0 rows" in stdout
 
 
 def test_spark_step_runs_the_job_unchanged_under_spark_submit(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from tests.deploy.manifests import (
     render_base,
     render_local,
 )
-from tests.deploy.running import COMPOSE_ENV, empty_workdir, image_env, overrides
+from tests.deploy.running import COMPOSE_ENV, empty_workdir, image_env, overrides, run_to_the_end
 from tests.support.eventually import eventually
 
 ENTRYPOINT = dockerfile_stages(DEPLOY / "Dockerfile")[-1].exec_form("ENTRYPOINT")
@@ -223,17 +223,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _create_key(env: dict[str, str], tmp_path: Path) -> str:
     merchant = f"deploy-{uuid.uuid4().hex[:12]}"
-    result = subprocess.run(
-        ["idempay", "admin", "create-key", "--merchant", merchant],
-        env=env,
-        cwd=empty_workdir(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    stdout = run_to_the_end(
+        ["idempay", "admin", "create-key", "--merchant", merchant], env, tmp_path
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip().splitlines()[-1]
+    return stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(
