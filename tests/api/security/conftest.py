@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.api.conftest import Deployment
 from tests.support.backend import Backend
 from tests.support.client import Api
 from tests.support.services import Server
@@ -53,6 +54,16 @@ class KeptApi(Api):
 
 def kept(api: Api) -> KeptApi:
     return KeptApi(api.base_url, api.api_key)
+
+
+@pytest.fixture
+def api(deployment: Deployment) -> Iterator[KeptApi]:
+    """Merchant A of the session's deployment, over one kept connection pool."""
+    client = kept(deployment.a)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 def stable_headers(response: httpx.Response) -> dict[str, str]:

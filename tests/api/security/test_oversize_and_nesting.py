@@ -14,17 +14,8 @@ import pytest
 from api.transactions.http import MAX_BODY_BYTES
 from api.transactions.schemas import METADATA_MAX_BYTES, METADATA_MAX_DEPTH
 from tests.api.conftest import Deployment
-from tests.api.security.conftest import KeptApi, kept
+from tests.api.security.conftest import KeptApi
 from tests.support.client import assert_problem, body, new_key
-
-
-@pytest.fixture
-def api(deployment: Deployment) -> Iterator[KeptApi]:
-    client = kept(deployment.a)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def _post(api: KeptApi, content: Any, key: str | None = None, **headers: str) -> httpx.Response:

@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from urllib.parse import quote
 
 import httpx
-import pytest
 
 from api.auth import hash_key
 from tests.api.conftest import Deployment
-from tests.api.security.conftest import KeptApi, kept
+from tests.api.security.conftest import KeptApi
 from tests.support.client import body, card, new_key
 
 INJECTIONS = [
@@ -30,15 +28,6 @@ INJECTIONS = [
     "'||(SELECT sql FROM sqlite_master)||'",
 ]
 TABLES = ("merchant", "api_key", "idempotency_key", "transaction", "ledger_entry", "request_event")
-
-
-@pytest.fixture
-def api(deployment: Deployment) -> Iterator[KeptApi]:
-    client = kept(deployment.a)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def _counts(deployment: Deployment) -> dict[str, int]:
