@@ -223,22 +223,38 @@ async def complete(
 ) -> bool:
     """The final write: only the holder of the current lease token may complete the key."""
     result = await conn.execute(
-        update(IdempotencyKey)
-        .where(
-            *_where(merchant_id, key),
-            IdempotencyKey.state == PROCESSING,
-            IdempotencyKey.lease_token == token,
-        )
-        .values(
-            state=COMPLETED,
-            response_status=response_status,
-            response_body=response_body,
-            request=None,
-            lease_until=None,
-            updated_at=now,
-        )
+        _COMPLETE,
+        {
+            "w_merchant": merchant_id,
+            "w_key": key,
+            "w_token": token,
+            "v_status": response_status,
+            "v_body": response_body,
+            "v_now": now,
+        },
     )
     return _settled(conn, merchant_id, key, bool(result.rowcount))
+
+
+# Built once: every create's finish runs it, and building an UPDATE per call (its clauses,
+# then its cache key) was a measured part of the finish's CPU.
+_COMPLETE = (
+    update(IdempotencyKey)
+    .where(
+        IdempotencyKey.merchant_id == bindparam("w_merchant"),
+        IdempotencyKey.key == bindparam("w_key"),
+        IdempotencyKey.state == PROCESSING,
+        IdempotencyKey.lease_token == bindparam("w_token"),
+    )
+    .values(
+        state=COMPLETED,
+        response_status=bindparam("v_status"),
+        response_body=bindparam("v_body"),
+        request=None,
+        lease_until=None,
+        updated_at=bindparam("v_now", type_=IdempotencyKey.__table__.c.updated_at.type),
+    )
+)
 
 
 async def fence_owned(

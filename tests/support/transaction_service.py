@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -137,6 +137,6 @@ async def claim_key(
             request=payment.stored_request(),
             terminal_id=payment.terminal_id,
             now=now,
-            lease_s=lease_s,
+            lease_until=now + timedelta(seconds=lease_s),
             deadline_s=service.settings.issuer_deadline,
         )

@@ -158,7 +158,7 @@ def _claim(backend: Backend, merchant_id: str, key: str, *, age: float, lease: f
                     request=json.dumps(body()),
                     terminal_id="T-0001",
                     now=datetime.now(UTC) - timedelta(seconds=age),
-                    lease_s=lease,
+                    lease_until=datetime.now(UTC) - timedelta(seconds=age - lease),
                     deadline_s=3600,
                 )
         finally:
