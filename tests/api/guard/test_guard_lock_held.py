@@ -31,13 +31,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import asyncpg
 import httpx
 import pytest
 
-from tests.api.shutdown.test_sigterm_stalled_one_statement import SLEEPING, STALL
 from tests.support.backend import Backend
-from tests.support.client import body
+from tests.support.client import body, post_create
+from tests.support.stalls import admin, install_stall, start_stalled
 
 pytestmark = pytest.mark.server
 
@@ -46,51 +45,31 @@ def test_key_waiting_on_the_guard_lock_is_not_answered_in_progress(
     private_pg_backend: Backend,
 ) -> None:
     backend = private_pg_backend
-    assert backend.database_url is not None
-    dsn = backend.database_url.replace("+asyncpg", "")
     holder, key = str(uuid.uuid4()), str(uuid.uuid4())
     merchant = "review-s7b-guard-lock"
     api_key = backend.api_key(merchant)
-
-    async def setup() -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(STALL)
-            await conn.execute("INSERT INTO review_s7b_stall VALUES ($1, 6.0)", holder)
-            await conn.execute(
-                "UPDATE merchant SET duplicate_guard_s = 300 WHERE name = $1", merchant
-            )
-        finally:
-            await conn.close()
-
-    asyncio.run(setup())
+    install_stall(backend, {holder: 6.0})
+    backend.sql("UPDATE merchant SET duplicate_guard_s = 300 WHERE name = :n", n=merchant)
     server = backend.server()
     sale = body(amount=500)
 
     async def run() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
-        admin = await asyncpg.connect(dsn)
-        try:
-            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-                auth = {"Authorization": f"Bearer {api_key}"}
-                first = asyncio.ensure_future(
-                    client.post(
-                        "/v1/transactions", json=sale, headers={**auth, "Idempotency-Key": holder}
-                    )
-                )
-                for _ in range(500):
-                    if await admin.fetchval(SLEEPING) >= 1:
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("the holder's statement does not stall")
-                answer = await client.post(
-                    "/v1/transactions", json=sale, headers={**auth, "Idempotency-Key": key}
-                )
-                lookup = await client.get(f"/v1/transactions/{key}", headers=auth)
-                assert (await first).status_code == 201
-                return answer, lookup, first.result()
-        finally:
-            await admin.close()
+        async with (
+            admin(backend) as watch,
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+        ):
+            auth = {"Authorization": f"Bearer {api_key}"}
+            first = await start_stalled(
+                watch,
+                post_create(client, api_key, holder, sale),
+                what="the holder's statement stalling",
+            )
+            answer = await client.post(
+                "/v1/transactions", json=sale, headers={**auth, "Idempotency-Key": key}
+            )
+            lookup = await client.get(f"/v1/transactions/{key}", headers=auth)
+            assert (await first).status_code == 201
+            return answer, lookup, first.result()
 
     answer, lookup, _ = asyncio.run(run())
     code = answer.json().get("code") if answer.status_code >= 400 else None
