@@ -22,8 +22,11 @@ def storage_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, sqlalchemy.exc.DBAPIError):
         if exc.connection_invalidated or exc.statement is None:
             return True
-        return _sqlstate(exc.orig).startswith(UNAVAILABLE_SQLSTATES)
-    return _sqlstate(exc).startswith(UNAVAILABLE_SQLSTATES)
+        orig = exc.orig
+        if citus_commit_unseen(getattr(orig, "__cause__", None) or orig):
+            return True
+        return _sqlstate(orig).startswith(UNAVAILABLE_SQLSTATES)
+    return _sqlstate(exc).startswith(UNAVAILABLE_SQLSTATES) or citus_commit_unseen(exc)
 
 
 def end_unseen(exc: BaseException) -> bool:
@@ -38,7 +41,26 @@ def end_unseen(exc: BaseException) -> bool:
         return True  # the client's side: connection closed, reset, left mid-operation
     if getattr(exc, "severity", None) in ("FATAL", "PANIC"):
         return True
-    return _sqlstate(exc).startswith(("08", "57P"))
+    return _sqlstate(exc).startswith(("08", "57P")) or citus_commit_unseen(exc)
+
+
+# Citus commits a single-shard transaction on the worker from the coordinator's COMMIT; when
+# the worker's answer is lost after its commit record was durable there, Citus WARNs and
+# answers the client's COMMIT with a plain ERROR (XX000) with one of these messages: the
+# transaction may well have committed on the worker.
+CITUS_COMMIT_UNSEEN = (
+    "could not commit transaction for shard",
+    "failed to commit transaction on",
+)
+
+
+def citus_commit_unseen(exc: BaseException | None) -> bool:
+    """True for Citus's ERROR at COMMIT whose worker's answer was lost (above): not a
+    rollback — the outcome is unknown, like a connection lost mid-COMMIT."""
+    if exc is None or _sqlstate(exc) != "XX000":
+        return False
+    text = str(exc)
+    return any(message in text for message in CITUS_COMMIT_UNSEEN)
 
 
 def misconfigured(exc: BaseException) -> bool:

@@ -68,8 +68,8 @@ class _WorkFailed(Exception):
 class GroupCommit(Generic[T]):
     """Writes queued works in shared transactions (module docstring). ``lanes``: batches in
     flight at once (each holds one connection of the engine's pool), more while batches stall,
-    up to ``max_lanes``; ``kind`` labels its metrics; ``prologue``: a
-    statement run first in each batch's transaction (the claims' ``lock_timeout``);
+    up to ``max_lanes``; ``kind`` labels its metrics; ``prologue``: the
+    statements run first in each batch's transaction (the claims' ``lock_timeout``);
     ``new_key``: the batch claims new keys (``atomic``'s option: refused first on a nearly
     full SQLite disk)."""
 
@@ -81,7 +81,7 @@ class GroupCommit(Generic[T]):
         lanes: int,
         max_lanes: int | None = None,
         max_batch: int = MAX_BATCH,
-        prologue: str | None = None,
+        prologue: str | tuple[str, ...] | None = None,
         new_key: bool = False,
         queue_timeout: float | None = None,
     ) -> None:
@@ -91,7 +91,9 @@ class GroupCommit(Generic[T]):
         self.lanes = max(1, lanes)
         self.max_lanes = max(self.lanes, max_lanes or self.lanes)
         self.max_batch = max(1, max_batch)
-        self.prologue = prologue
+        self.prologue: tuple[str, ...] = (
+            () if prologue is None else (prologue,) if isinstance(prologue, str) else prologue
+        )
         self.new_key = new_key
         self.queue_timeout = queue_timeout
         self._pending: list[tuple[Work[T], asyncio.Future[T]]] = []
@@ -181,8 +183,8 @@ class GroupCommit(Generic[T]):
         results: list[T] = []
         try:
             async with atomic(self.engine, new_key=self.new_key) as conn:
-                if self.prologue is not None:
-                    await conn.exec_driver_sql(self.prologue)
+                for statement in self.prologue:
+                    await conn.exec_driver_sql(statement)
                 for index, (work, _future) in enumerate(batch):
                     try:
                         results.append(await work(conn))

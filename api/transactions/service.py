@@ -57,6 +57,7 @@ EPOCH_RECHECK_SECONDS = 5.0
 # is never parked behind a stalled holder.
 CLAIM_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '250ms'"
 FINISH_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '1s'"
+CITUS_PROPAGATE_SET_LOCAL = "SET LOCAL citus.propagate_set_commands = 'local'"
 CLAIM_TIME_STEP = timedelta(milliseconds=10)  # claim times stay unique within this (below)
 CLAIM_MARK_US = 1_000_000  # a claim's lease end carries a random mark below this (µs)
 GUARD_HELD_DETAIL = (
@@ -112,12 +113,16 @@ class TransactionService:
         # finishes per commit; a guarded claim keeps a transaction of its own.
         lanes, max_lanes = _lanes(engine, settings.group_commit_lanes)
         postgres = engine.dialect.name == "postgresql"
+        # On Citus a SET LOCAL stays on the coordinator unless told to go to the workers,
+        # where the key's row is locked: the lock timeouts must reach them.
+        self._set_local: tuple[str, ...] = (CITUS_PROPAGATE_SET_LOCAL,) if citus else ()
         self.claims: GroupCommit[bool] = GroupCommit(
             engine,
             kind="claim",
             lanes=lanes,
             max_lanes=max_lanes,
-            prologue=CLAIM_LOCK_TIMEOUT if postgres else None,  # a held key waits this long
+            # a held key waits this long
+            prologue=(*self._set_local, CLAIM_LOCK_TIMEOUT) if postgres else None,
             new_key=True,
             queue_timeout=settings.db_timeout,
         )
@@ -128,7 +133,7 @@ class TransactionService:
             max_lanes=max_lanes,
             # a key held by another transaction (an operator's) fails its own finish — the
             # key is settled in doubt after its lease — and never holds its batch-mates
-            prologue=FINISH_LOCK_TIMEOUT if postgres else None,
+            prologue=(*self._set_local, FINISH_LOCK_TIMEOUT) if postgres else None,
             queue_timeout=settings.db_timeout,
         )
 
@@ -532,6 +537,8 @@ class TransactionService:
 
         (outcome,) = await unknown_outcome.resolve([key], reader, ours)
         if isinstance(outcome, unknown_outcome.Applied):
+            if outcome.record.request:  # drive what the claim stored (the guard's override)
+                body = TransactionCreate.model_validate_json(outcome.record.request)
             await self.cache.mark_busy(merchant_id, key, fingerprint)
             return await self.drive(
                 merchant_id, key, body, token=1, created_at=now, event=RequestOutcome.CREATED
@@ -575,7 +582,8 @@ class TransactionService:
             return claimed, False, None, body
         async with atomic(self.engine, new_key=True) as conn:
             if self.engine.dialect.name == "postgresql":  # a held key waits this long at most
-                await conn.exec_driver_sql(CLAIM_LOCK_TIMEOUT)
+                for statement in (*self._set_local, CLAIM_LOCK_TIMEOUT):
+                    await conn.exec_driver_sql(statement)
             suspect = await self._suspect(conn, guard, merchant_id, key, body, now)
             if suspect is not None and guard.allow:
                 body = _overridden(body)

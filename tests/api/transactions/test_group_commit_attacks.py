@@ -275,7 +275,7 @@ async def test_a_claim_batch_whose_backend_is_terminated_mid_batch_never_lies(
             creates = [*before, held, *after]
             claims = _one_lane_claims(service)
             # long enough to be terminated while waiting on the held key
-            claims.prologue = "SET LOCAL lock_timeout = '20s'"
+            claims.prologue = ("SET LOCAL lock_timeout = '20s'",)
             answers = await _queued_in_order(service, claims, creates)  # type: ignore[arg-type]
             await claims.release_when_queued(len(creates))
             waiting = await until_lock_waiters(
