@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.acquirer.types import Authorization, AuthorizationRequest, ReversalRequest
@@ -140,3 +141,15 @@ async def claim_key(
             lease_until=now + timedelta(seconds=lease_s),
             deadline_s=service.settings.issuer_deadline,
         )
+
+
+def lose_claim_acknowledgements(service: TransactionService) -> None:
+    """Each batch of the service's claims commits (or does nothing: the key exists) and its
+    connection is then lost before the answer arrives: every claim's end is unseen."""
+    committed = service.claims.run
+
+    async def lost(work: Any, *, partition: object = None) -> bool:
+        await committed(work, partition=partition)
+        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost after COMMIT")
+
+    service.claims.run = lost  # type: ignore[method-assign]

@@ -13,34 +13,20 @@ is frozen, so both claim at the same microsecond.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-import asyncpg
 import pytest
 from sqlalchemy import text
 
 from api.transactions import service as service_module
-from api.transactions.service import TransactionService
 from tests.support.backend import Backend
 from tests.support.transaction_service import (
     ApprovingAcquirer,
+    lose_claim_acknowledgements,
     new_payment,
     transaction_service,
 )
 
 MERCHANT = "mer_claim_mark"
-
-
-def _acknowledgement_lost(service: TransactionService) -> None:
-    """Each claim's batch commits (or does nothing: the key exists) and its connection is
-    then lost before the answer arrives: the claim's end is unseen."""
-    committed = service.claims.run
-
-    async def lost(work: Any, *, partition: object = None) -> bool:
-        await committed(work, partition=partition)
-        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost after COMMIT")
-
-    service.claims.run = lost  # type: ignore[method-assign]
 
 
 async def test_two_processes_claims_of_one_microsecond_send_one_0200(
@@ -52,7 +38,7 @@ async def test_two_processes_claims_of_one_microsecond_send_one_0200(
     frozen = service_module.utcnow()
     monkeypatch.setattr(service_module, "utcnow", lambda: frozen)
     for service in (first, second):
-        _acknowledgement_lost(service)
+        lose_claim_acknowledgements(service)
     try:
         for round_ in range(5):
             key, payment, fp = new_payment(700 + round_)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
 
-import asyncpg
 import pytest
 
 from api.db import create_engine
@@ -20,21 +18,12 @@ from api.transactions.service import TransactionService
 from tests.support.backend import Backend
 from tests.support.transaction_service import (
     ApprovingAcquirer,
+    lose_claim_acknowledgements,
     new_payment,
     service_settings,
 )
 
 MERCHANT = "mer_claim_readback"
-
-
-def _acknowledgement_lost(service: TransactionService) -> None:
-    committed = service.claims.run
-
-    async def lost(work: Any, *, partition: object = None) -> bool:
-        await committed(work, partition=partition)
-        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost after COMMIT")
-
-    service.claims.run = lost  # type: ignore[method-assign]
 
 
 async def test_our_claim_read_back_inline_with_the_clock_stepped_back(
@@ -45,7 +34,7 @@ async def test_our_claim_read_back_inline_with_the_clock_stepped_back(
     service = TransactionService(
         create_engine(settings), acquirer, settings, inline=hot_reads(settings)
     )
-    _acknowledgement_lost(service)
+    lose_claim_acknowledgements(service)
     real = service_module.utcnow
     offset = [timedelta(0)]
     monkeypatch.setattr(service_module, "utcnow", lambda: real() + offset[0])

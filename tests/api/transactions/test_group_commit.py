@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
 
-import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -23,6 +21,7 @@ from tests.support.backend import Backend
 from tests.support.stalls import dsn, held_key
 from tests.support.transaction_service import (
     ApprovingAcquirer,
+    lose_claim_acknowledgements,
     new_payment,
     private_engine,
     running_service,
@@ -249,13 +248,7 @@ async def test_same_key_claims_whose_commit_acknowledgement_is_lost_send_one_020
     service = transaction_service(private_pg_backend, acquirer)
     frozen = service_module.utcnow()
     monkeypatch.setattr(service_module, "utcnow", lambda: frozen)
-    committed = service.claims.run
-
-    async def acknowledgement_lost(work: Any, *, partition: object = None) -> bool:
-        await committed(work, partition=partition)
-        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost after COMMIT")
-
-    service.claims.run = acknowledgement_lost  # type: ignore[method-assign]
+    lose_claim_acknowledgements(service)
     try:
         key, payment, fp = new_payment(555)
         outcomes = await asyncio.gather(
