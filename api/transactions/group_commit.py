@@ -23,6 +23,12 @@ Postgres and SQLite differ only in how ``atomic`` opens the batch's transaction.
   counting against the lanes: writes queued behind it get a lane of their own, up to
   ``max_lanes`` (the connections the pool has), as each would have with a transaction of
   its own.
+- **One insert per table.** With ``defer_inserts`` (the finishes), the works' inserts whose
+  results nobody reads — transaction rows, ledger entries, outbox events — are collected and
+  sent after the batch's last work, one multi-row statement per table (``api.deferred``).
+  If that statement fails for a reason of its own, no work can be blamed yet: the batch is
+  written again with each work's inserts sent as it runs, and the failing work alone gets
+  its error.
 - **Partitions.** A work may name a partition (``run(work, partition=…)``): a batch holds
   the works of one partition only. On Citus the partition is the merchant, so each batch is
   a single-shard transaction on the merchant's worker — never a distributed transaction that
@@ -45,6 +51,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from api import deferred
 from api.db import atomic
 from api.metrics import GROUP_COMMIT_TRANSACTIONS, GROUP_COMMIT_WRITES
 from api.storage_errors import StorageUnavailableError, storage_unavailable
@@ -54,6 +61,11 @@ Work = Callable[[AsyncConnection], Awaitable[T]]
 
 MAX_BATCH = 64
 STALL_S = 0.1  # a batch running longer than this frees its lane for the writes queued behind
+
+
+class _FlushFailed(Exception):
+    """The batch's deferred inserts failed, for a reason no single work can be blamed for
+    yet: the batch is written again, one statement at a time."""
 
 
 class _WorkFailed(Exception):
@@ -84,6 +96,7 @@ class GroupCommit(Generic[T]):
         prologue: str | tuple[str, ...] | None = None,
         new_key: bool = False,
         queue_timeout: float | None = None,
+        defer_inserts: bool = False,
     ) -> None:
         self.engine = engine
         self._transactions = GROUP_COMMIT_TRANSACTIONS.labels(kind)
@@ -96,6 +109,7 @@ class GroupCommit(Generic[T]):
         )
         self.new_key = new_key
         self.queue_timeout = queue_timeout
+        self.defer_inserts = defer_inserts
         self._pending: list[tuple[Work[T], asyncio.Future[T]]] = []
         self._running: dict[int, float] = {}  # batch number → when it started (loop time)
         self._partitions: dict[int, object] = {}  # id(future) → its work's partition
@@ -162,12 +176,18 @@ class GroupCommit(Generic[T]):
         self._start()
 
     async def _write(self, number: int, batch: list[tuple[Work[T], asyncio.Future[T]]]) -> None:
+        defer = self.defer_inserts
         try:
             while True:
                 batch = [(work, future) for work, future in batch if not future.done()]
                 if not batch:
                     return
-                failed = await self._attempt(batch)
+                try:
+                    failed = await self._attempt(batch, defer=defer)
+                except _FlushFailed:
+                    defer = False  # again, each work's inserts sent as it runs
+                    self.batches += 1
+                    continue
                 if failed is None:
                     return
                 del batch[failed]  # answered with its own error; the rest go again
@@ -176,22 +196,40 @@ class GroupCommit(Generic[T]):
             del self._running[number]
             self._start()
 
-    async def _attempt(self, batch: list[tuple[Work[T], asyncio.Future[T]]]) -> int | None:
+    async def _attempt(
+        self, batch: list[tuple[Work[T], asyncio.Future[T]]], *, defer: bool
+    ) -> int | None:
         """One transaction for ``batch``: None when every waiter was answered, else the index
-        of the one work that failed on its own (answered; the transaction rolled back)."""
+        of the one work that failed on its own (answered; the transaction rolled back).
+        ``defer``: the works' inserts go in one statement per table after the last work
+        (``api.deferred``); if those fail for a reason of their own, ``_FlushFailed``."""
         self._transactions.inc()
         results: list[T] = []
         try:
             async with atomic(self.engine, new_key=self.new_key) as conn:
                 for statement in self.prologue:
                     await conn.exec_driver_sql(statement)
-                for index, (work, _future) in enumerate(batch):
-                    try:
-                        results.append(await work(conn))
-                    except Exception as exc:
-                        if len(batch) == 1 or storage_unavailable(exc):
-                            raise  # the batch's fate: every waiter gets it
-                        raise _WorkFailed(index, exc) from exc
+                if defer:
+                    deferred.collect(conn)
+                try:
+                    for index, (work, _future) in enumerate(batch):
+                        try:
+                            results.append(await work(conn))
+                        except Exception as exc:
+                            if len(batch) == 1 or storage_unavailable(exc):
+                                raise  # the batch's fate: every waiter gets it
+                            raise _WorkFailed(index, exc) from exc
+                    if defer:
+                        try:
+                            await deferred.flush(conn)
+                        except Exception as exc:
+                            if len(batch) == 1 or storage_unavailable(exc):
+                                raise  # the batch's fate (one work's: its own error)
+                            raise _FlushFailed(repr(exc)) from exc
+                finally:
+                    deferred.discard(conn)
+        except _FlushFailed:
+            raise
         except _WorkFailed as failed:
             _answer(batch[failed.index][1], error=failed.error)
             return failed.index

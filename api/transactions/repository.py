@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Row, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from api import deferred
 from api.models import LedgerEntry, Transaction
 
 
@@ -100,13 +101,15 @@ _FIELDS = tuple(NewTransaction.__slots__)
 
 
 async def insert_transaction(conn: AsyncConnection, txn: NewTransaction) -> None:
-    """The transaction row and, when approved, its one ledger entry."""
+    """The transaction row and, when approved, its one ledger entry (in a batch of
+    finishes, sent with the batch's other rows: ``api.deferred``)."""
     values = {name: getattr(txn, name) for name in _FIELDS}
     values["metadata"] = values.pop("metadata_json")
-    await conn.execute(_INSERT_TRANSACTION, values)
+    await deferred.insert(conn, _INSERT_TRANSACTION, values)
     if txn.status == "approved":
         kind, signed = _ledger_amount(txn.type, txn.amount)
-        await conn.execute(
+        await deferred.insert(
+            conn,
             _INSERT_LEDGER,
             {
                 "entry_id": str(uuid.uuid4()),

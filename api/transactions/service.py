@@ -135,6 +135,8 @@ class TransactionService:
             # key is settled in doubt after its lease — and never holds its batch-mates
             prologue=(*self._set_local, FINISH_LOCK_TIMEOUT) if postgres else None,
             queue_timeout=settings.db_timeout,
+            # the finishes' inserts (transaction, ledger, outbox) one statement per table
+            defer_inserts=True,
         )
 
     # ----------------------------------------------------------------- helpers

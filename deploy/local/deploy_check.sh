@@ -29,11 +29,23 @@ IDEMPAY_SECRET_KEY="$(openssl rand -base64 48)"
 export POSTGRES_PASSWORD IDEMPAY_SECRET_KEY
 compose() { "$root/deploy/local/compose.sh" "$@"; }
 teardown() {
+  local status=$?
   compose --profile audit logs --no-color >"$out/compose.log" 2>&1 || true
   # Each container's health-check history: why a dependency was "unhealthy" when up failed.
   for id in $(docker ps -aq --filter "label=com.docker.compose.project=$IDEMPAY_PROJECT"); do
     docker inspect -f '{{.Name}} {{.State.Status}} {{json .State.Health}}' "$id"
   done >"$out/health.log" 2>&1 || true
+  if [ "$status" != 0 ]; then
+    # CI shows only this script's output: what failed, and why, before the stack goes.
+    {
+      echo "deploy-check failed (exit $status); compose up said (tail of $out/up.log):"
+      tail -n 20 "$out/up.log" 2>/dev/null | sed 's/^/  up| /'
+      echo "containers and their last health checks ($out/health.log):"
+      sed -E 's/^/  health| /; s/(.{400}).*/\1…/' "$out/health.log" 2>/dev/null
+      echo "the last lines of each service's log ($out/compose.log):"
+      tail -n 60 "$out/compose.log" 2>/dev/null | sed 's/^/  log| /'
+    } >&2
+  fi
   compose --profile audit down -v --remove-orphans >/dev/null 2>&1 || true
   if [ "${DEPLOY_CHECK_RMI:-0}" = 1 ]; then
     docker image rm idempay:local idempay-spark:local idempay/postgres:15-local \
@@ -46,7 +58,19 @@ trap teardown EXIT
 url="http://127.0.0.1:$IDEMPAY_HTTP_PORT"
 
 start=$SECONDS
-compose up -d --no-build >"$out/up.log" 2>&1
+# One more `up` if the first fails (a dependency's health check missed on a loaded host, as
+# an orchestrator would start it again); why it failed is printed either way.
+if ! compose up -d --no-build >"$out/up.log" 2>&1; then
+  {
+    echo "compose up failed after $((SECONDS - start)) s; once more. It said:"
+    tail -n 15 "$out/up.log" | sed 's/^/  up| /'
+    for id in $(docker ps -aq --filter "label=com.docker.compose.project=$IDEMPAY_PROJECT"); do
+      docker inspect -f '{{.Name}} {{.State.Status}} {{json .State.Health}}' "$id"
+    done | sed -E 's/^/  health| /; s/(.{600}).*/\1…/'
+  } >&2
+  mv "$out/up.log" "$out/up.first.log"
+  compose up -d --no-build >"$out/up.log" 2>&1
+fi
 until curl -fsS "$url/readyz" >"$out/readyz.json" 2>/dev/null; do
   (( SECONDS - start < 180 )) || { echo "no /readyz after 180 s" >&2; exit 1; }
   sleep 1
