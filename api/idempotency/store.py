@@ -106,20 +106,50 @@ async def claim(
     return await insert_if_absent(
         conn,
         IdempotencyKey,
-        {
-            "merchant_id": merchant_id,
-            "key": key,
-            "state": PROCESSING,
-            "fingerprint": fingerprint,
-            "lease_token": 1,
-            "lease_until": lease_until,
-            "request": request,
-            "terminal_id": terminal_id,
-            "created_at": now,
-            "updated_at": now,
-            "deadline_at": now + timedelta(seconds=deadline_s),
-        },
+        claim_row(
+            merchant_id=merchant_id,
+            key=key,
+            fingerprint=fingerprint,
+            request=request,
+            terminal_id=terminal_id,
+            now=now,
+            lease_until=lease_until,
+            deadline_s=deadline_s,
+        ),
     )
+
+
+# The columns that tell one claim's row from any other's: the key, its claim time (unique
+# within a process) and its lease end (with a random mark: across processes). A batch of
+# claims sent as one statement learns which rows it inserted from these (``RETURNING``).
+CLAIM_IDENTITY = ("merchant_id", "key", "created_at", "lease_until")
+
+
+def claim_row(
+    *,
+    merchant_id: str,
+    key: str,
+    fingerprint: str,
+    request: str,
+    terminal_id: str,
+    now: datetime,
+    lease_until: datetime,
+    deadline_s: float,
+) -> dict[str, Any]:
+    """The row ``claim`` inserts."""
+    return {
+        "merchant_id": merchant_id,
+        "key": key,
+        "state": PROCESSING,
+        "fingerprint": fingerprint,
+        "lease_token": 1,
+        "lease_until": lease_until,
+        "request": request,
+        "terminal_id": terminal_id,
+        "created_at": now,
+        "updated_at": now,
+        "deadline_at": now + timedelta(seconds=deadline_s),
+    }
 
 
 async def insert_completed(

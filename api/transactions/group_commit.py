@@ -49,10 +49,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api import deferred
-from api.db import atomic
+from api.db import atomic, insert_if_absent
 from api.metrics import GROUP_COMMIT_TRANSACTIONS, GROUP_COMMIT_WRITES
 from api.storage_errors import StorageUnavailableError, storage_unavailable
 
@@ -63,9 +64,57 @@ MAX_BATCH = 64
 STALL_S = 0.1  # a batch running longer than this frees its lane for the writes queued behind
 
 
-class _FlushFailed(Exception):
-    """The batch's deferred inserts failed, for a reason no single work can be blamed for
-    yet: the batch is written again, one statement at a time."""
+class _TogetherFailed(Exception):
+    """A statement sent for the whole batch (its deferred inserts, its rows inserted
+    together) failed, for a reason no single work can be blamed for yet: the batch is
+    written again, each work's statements on their own."""
+
+
+class InsertIfAbsent:
+    """A work that is one row inserted unless its key exists (``INSERT … ON CONFLICT DO
+    NOTHING``): True when it inserted it. A batch of them may go as one multi-row statement
+    (``GroupCommit(rows_together=True)``), which tells each work whether its row went in by
+    ``identity`` — columns whose values no other row of the batch shares — read back with
+    ``RETURNING``. ``sent`` is called once the row's statement is about to be sent."""
+
+    __slots__ = ("model", "row", "identity", "sent")
+
+    def __init__(
+        self,
+        model: Any,
+        row: dict[str, Any],
+        identity: tuple[str, ...],
+        sent: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.model = model
+        self.row = row
+        self.identity = identity
+        self.sent = sent
+
+    def __call__(self, conn: AsyncConnection) -> Awaitable[bool]:
+        self.sent()
+        return insert_if_absent(conn, self.model, self.row)
+
+
+async def _insert_together(conn: AsyncConnection, works: list[InsertIfAbsent]) -> list[bool]:
+    """One ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING <identity>`` for the
+    works' rows, in key order (batches meeting on the same keys lock them in one order); of
+    two rows of one key, the first queued goes in and the other finds it."""
+    first = works[0]
+    table = first.model.__table__
+    module = postgresql if conn.dialect.name == "postgresql" else sqlite
+    keys = [(work.row["merchant_id"], work.row["key"]) for work in works]
+    order = sorted(range(len(works)), key=keys.__getitem__)
+    statement = (
+        module.insert(table)
+        .values([works[i].row for i in order])
+        .on_conflict_do_nothing()
+        .returning(*(table.c[name] for name in first.identity))
+    )
+    for work in works:
+        work.sent()
+    inserted = {tuple(row) for row in (await conn.execute(statement)).all()}
+    return [tuple(w.row[name] for name in w.identity) in inserted for w in works]
 
 
 class _WorkFailed(Exception):
@@ -97,6 +146,7 @@ class GroupCommit(Generic[T]):
         new_key: bool = False,
         queue_timeout: float | None = None,
         defer_inserts: bool = False,
+        rows_together: bool = False,
     ) -> None:
         self.engine = engine
         self._transactions = GROUP_COMMIT_TRANSACTIONS.labels(kind)
@@ -110,6 +160,7 @@ class GroupCommit(Generic[T]):
         self.new_key = new_key
         self.queue_timeout = queue_timeout
         self.defer_inserts = defer_inserts
+        self.rows_together = rows_together
         self._pending: list[tuple[Work[T], asyncio.Future[T]]] = []
         self._running: dict[int, float] = {}  # batch number → when it started (loop time)
         self._partitions: dict[int, object] = {}  # id(future) → its work's partition
@@ -176,16 +227,16 @@ class GroupCommit(Generic[T]):
         self._start()
 
     async def _write(self, number: int, batch: list[tuple[Work[T], asyncio.Future[T]]]) -> None:
-        defer = self.defer_inserts
+        together = True  # the batch's statements for all its works, where it has them
         try:
             while True:
                 batch = [(work, future) for work, future in batch if not future.done()]
                 if not batch:
                     return
                 try:
-                    failed = await self._attempt(batch, defer=defer)
-                except _FlushFailed:
-                    defer = False  # again, each work's inserts sent as it runs
+                    failed = await self._attempt(batch, together=together)
+                except _TogetherFailed:
+                    together = False  # again, each work's statements on their own
                     self.batches += 1
                     continue
                 if failed is None:
@@ -197,22 +248,40 @@ class GroupCommit(Generic[T]):
             self._start()
 
     async def _attempt(
-        self, batch: list[tuple[Work[T], asyncio.Future[T]]], *, defer: bool
+        self, batch: list[tuple[Work[T], asyncio.Future[T]]], *, together: bool
     ) -> int | None:
         """One transaction for ``batch``: None when every waiter was answered, else the index
         of the one work that failed on its own (answered; the transaction rolled back).
-        ``defer``: the works' inserts go in one statement per table after the last work
-        (``api.deferred``); if those fail for a reason of their own, ``_FlushFailed``."""
+        ``together``: the works' rows in one statement (``rows_together``, works that are all
+        ``InsertIfAbsent``), their deferred inserts in one statement per table after the last
+        work (``defer_inserts``, ``api.deferred``); if such a statement fails for a reason of
+        its own, ``_TogetherFailed``."""
         self._transactions.inc()
-        results: list[T] = []
+        results: list[Any] = []
+        defer = together and self.defer_inserts and len(batch) > 1
+        rows = [work for work, _future in batch]
+        one_insert = (
+            together
+            and self.rows_together
+            and len(rows) > 1
+            and all(isinstance(work, InsertIfAbsent) for work in rows)
+        )
         try:
             async with atomic(self.engine, new_key=self.new_key) as conn:
                 for statement in self.prologue:
                     await conn.exec_driver_sql(statement)
+                if one_insert:
+                    try:
+                        results = await _insert_together(conn, rows)  # type: ignore[arg-type]
+                    except Exception as exc:
+                        if storage_unavailable(exc):
+                            raise  # the batch's fate: every waiter gets it
+                        raise _TogetherFailed(repr(exc)) from exc
+                    rows = []
                 if defer:
                     deferred.collect(conn)
                 try:
-                    for index, (work, _future) in enumerate(batch):
+                    for index, work in enumerate(rows):
                         try:
                             results.append(await work(conn))
                         except Exception as exc:
@@ -225,10 +294,10 @@ class GroupCommit(Generic[T]):
                         except Exception as exc:
                             if len(batch) == 1 or storage_unavailable(exc):
                                 raise  # the batch's fate (one work's: its own error)
-                            raise _FlushFailed(repr(exc)) from exc
+                            raise _TogetherFailed(repr(exc)) from exc
                 finally:
                     deferred.discard(conn)
-        except _FlushFailed:
+        except _TogetherFailed:
             raise
         except _WorkFailed as failed:
             _answer(batch[failed.index][1], error=failed.error)

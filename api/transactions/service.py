@@ -41,11 +41,12 @@ from api.idempotency.cache import ResponseCache
 from api.idempotency.epoch import read_epoch
 from api.idempotency.keys import body_fingerprint, uuid7_time
 from api.idempotency.store import KeyRecord, KeyState
+from api.models import IdempotencyKey
 from api.outbox import writer as outbox
 from api.storage_errors import end_unseen, storage_unavailable
 from api.transactions import acquire, recovery, repository, unknown_outcome
 from api.transactions import inline as hot_path
-from api.transactions.group_commit import GroupCommit
+from api.transactions.group_commit import GroupCommit, InsertIfAbsent
 from api.transactions.guard import Guard, blocked, find_suspect, lock_key
 from api.transactions.outcome import IdempotencyStatus, Outcome, from_error, key_state_body
 from api.transactions.schemas import TransactionCreate
@@ -125,6 +126,8 @@ class TransactionService:
             prologue=(*self._set_local, CLAIM_LOCK_TIMEOUT) if postgres else None,
             new_key=True,
             queue_timeout=settings.db_timeout,
+            # the batch's claims in one INSERT (each learns from RETURNING if it went in)
+            rows_together=True,
         )
         self.finishes: GroupCommit[str | None] = GroupCommit(
             engine,
@@ -577,10 +580,21 @@ class TransactionService:
                 deadline_s=self.settings.issuer_deadline,
             )
 
-        if guard is None:  # the common create: its INSERT in a batch of claims
-            claimed = await self.claims.run(
-                lambda conn: insert(conn, body), partition=self.partition_of(merchant_id)
+        if guard is None:  # the common create: its row in a batch of claims
+            row = store.claim_row(
+                merchant_id=merchant_id,
+                key=key,
+                fingerprint=fingerprint,
+                request=body.stored_request(),
+                terminal_id=body.terminal_id,
+                now=now,
+                lease_until=lease_until,
+                deadline_s=self.settings.issuer_deadline,
             )
+            work = InsertIfAbsent(
+                IdempotencyKey, row, store.CLAIM_IDENTITY, sent=lambda: written.append(True)
+            )
+            claimed = await self.claims.run(work, partition=self.partition_of(merchant_id))
             return claimed, False, None, body
         async with atomic(self.engine, new_key=True) as conn:
             if self.engine.dialect.name == "postgresql":  # a held key waits this long at most
