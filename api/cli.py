@@ -456,7 +456,8 @@ def _parse_key(key: str) -> str:
 def key_show(merchant: MerchantArg, key: KeyArg) -> None:
     """A key's state, lease, attempts, transaction, ledger entries, request and outbox events."""
     from api.db import create_engine
-    from api.transactions.operator import UnknownMerchantError, describe, report
+    from api.transactions.merchants import UnknownMerchantError
+    from api.transactions.operator import describe, report
 
     async def run() -> list[str]:
         engine = create_engine(Settings())
@@ -474,16 +475,31 @@ def key_show(merchant: MerchantArg, key: KeyArg) -> None:
 
 
 def _key_action(action: Any, merchant: str, key: str, reason: str) -> None:
-    from api.transactions.operator import UnknownMerchantError, act, verdict
+    from api.main import build_context
+    from api.transactions.merchants import UnknownMerchantError
+    from api.transactions.operator import act, verdict
+    from api.transactions.outcome import Outcome
 
     if not reason.strip():
         raise typer.BadParameter("say why", param_hint="--reason")
     settings = Settings()
     configure_logging(settings, stream=sys.stderr)  # stdout carries the verdict alone
+    parsed = _parse_key(key)
+
+    async def run() -> Outcome:
+        ctx = await build_context(settings)  # the service as the server builds it
+        try:
+            return await act(ctx.service, merchant, parsed, action=action, reason=reason)
+        finally:
+            if ctx.redis is not None:
+                await ctx.redis.aclose()
+            if ctx.service.inline is not None:
+                await ctx.service.inline.close()
+            await ctx.acquirer.close()
+            await ctx.engine.dispose()
+
     try:
-        outcome = asyncio.run(
-            act(settings, merchant, _parse_key(key), action=action, reason=reason)
-        )
+        outcome = asyncio.run(run())
     except UnknownMerchantError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
@@ -524,7 +540,7 @@ def guard_command(
     the body says "allow_duplicate": true (contract §2.2). Off by default. Servers apply a
     change within a minute (their API-key cache)."""
     from api.transactions.guard import DEFAULT_WINDOW_S, describe, set_window, setting
-    from api.transactions.operator import UnknownMerchantError
+    from api.transactions.merchants import UnknownMerchantError
 
     if off and (on or window is not None):
         raise typer.BadParameter("--off cannot be combined with --on or --window")
@@ -715,8 +731,8 @@ def relay(
 def completer() -> None:
     """Run only the completer (settle keys whose lease expired: declined / acquirer_timeout
     with a reversal advice; an offline sale's advice repeated)."""
-    from api.idempotency.completer import Completer
     from api.main import build_context
+    from api.transactions.completer import Completer
 
     settings = Settings()
     configure_logging(settings)  # JSON lines, like the API's

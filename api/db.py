@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
 from api.config import Settings
-from api.idempotency.waiters import SETTLED_KEYS, settled_here
+from api.sqlite_wal import out_of_space, wal_keeper, wal_limit_bytes
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -71,6 +71,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def iso(moment: datetime | None) -> str | None:
+    """A stored instant as the API and the outbox write it: RFC 3339, UTC as ``Z``."""
+    if moment is None:
+        return None
+    return moment.isoformat().replace("+00:00", "Z")
+
+
 def split_budget(db_pool_size: int) -> tuple[int, int]:
     """``IDEMPAY_DB_POOL_SIZE`` shared by a serving worker's two pools: (the engine's, the hot
     path's ``DriverPool``). The engine writes — every create's claim and finish, the
@@ -103,10 +110,8 @@ def _sqlite_engine(url: str) -> AsyncEngine:
     path = url.split("///", 1)[1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    from api.transactions.sqlite_create import out_of_space, wal_keeper, wal_limit_bytes
-
-    # The WAL's bound and the full disk (sqlite_create.WalKeeper), shared with the
-    # group-commit writer: a write transaction first restarts a WAL past its bound, and is
+    # The WAL's bound and the full disk (api/sqlite_wal.py, WalKeeper), shared with the
+    # hot path's writer thread: a write transaction first restarts a WAL past its bound, and is
     # refused before it begins while no checkpoint can finish on a full disk (503).
     keeper = wal_keeper(path) if path and path != ":memory:" else None
     engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
@@ -119,7 +124,7 @@ def _sqlite_engine(url: str) -> AsyncEngine:
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
-        # the WAL's bound (api/transactions/sqlite_create.py, WalKeeper): whichever
+        # the WAL's bound (api/sqlite_wal.py, WalKeeper): whichever
         # connection starts the WAL over trims its file back to it
         cursor.execute(f"PRAGMA journal_size_limit={wal_limit_bytes()}")
         cursor.close()
@@ -149,13 +154,26 @@ def _sqlite_engine(url: str) -> AsyncEngine:
 
 # Set while an ``atomic`` transaction is open in this task (``assert_no_transaction``).
 TRANSACTION_OPEN: ContextVar[bool] = ContextVar("idempay_transaction_open", default=False)
+# ``Connection.info`` names whose items a transaction collected, and what is done with them
+# once it committed (``after_commit``).
+_AFTER_COMMIT: dict[str, Callable[[Sequence[Any]], None]] = {}
+
+
+def after_commit(name: str, hook: Callable[[Sequence[Any]], None]) -> None:
+    """``hook(items)`` once an ``atomic`` transaction that appended ``items`` to
+    ``conn.info[name]`` has committed — never before the commit, never after a rollback (the
+    items are dropped then). Registered by the layer that collects them: the waiters
+    (``api.idempotency.waiters``) wake on the keys ``store.complete`` / ``fence_owned``
+    settled."""
+    _AFTER_COMMIT[name] = hook
 
 
 @asynccontextmanager
 async def atomic(engine: AsyncEngine, *, new_key: bool = False) -> AsyncIterator[AsyncConnection]:
-    """One database transaction: commit on success, roll back on any exception. Keys it
-    settled (``store.complete`` / ``fence_owned``) wake this process's waiters after the
-    commit, never before it and never after a rollback. ``new_key``: the transaction claims a
+    """One database transaction: commit on success, roll back on any exception. What it
+    collected for after its commit (``after_commit``: the keys it settled, which wake this
+    process's waiters) is handed on after the commit, never before it and never after a
+    rollback. ``new_key``: the transaction claims a
     new key — on a nearly full SQLite disk it is refused first (``WalKeeper.before_write``)."""
     opened = TRANSACTION_OPEN.set(True)
     try:
@@ -167,13 +185,17 @@ async def atomic(engine: AsyncEngine, *, new_key: bool = False) -> AsyncIterator
                     yield conn
                 except BaseException:
                     with suppress(Exception):  # an invalidated connection: its info goes
-                        conn.info.pop(SETTLED_KEYS, None)
+                        for name in _AFTER_COMMIT:
+                            conn.info.pop(name, None)
                     raise  # the driver's own error (a lost connection stays a 503)
-                settled = conn.info.pop(SETTLED_KEYS, ())
+                collected = [
+                    (hook, conn.info.pop(name, ())) for name, hook in _AFTER_COMMIT.items()
+                ]
     finally:
         TRANSACTION_OPEN.reset(opened)
-    for merchant_id, key in settled:
-        settled_here(merchant_id, key)
+    for hook, items in collected:
+        if items:
+            hook(items)
 
 
 def assert_no_transaction() -> None:

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import structlog
 
 from api.config import Settings
-from api.transactions.pan import redact_pans
+from api.pan import redact_pans
 
 _SECRETS = (
     (re.compile(r"(?i)\bbearer\s+[^\s\"',]+"), "Bearer [redacted]"),

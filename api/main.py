@@ -30,13 +30,13 @@ from api.errors import ApiError, ValidationFailedError, problem_response, unexpe
 from api.events.writer import EventWriter, SqliteBatches
 from api.http_limits import BodyDeadlineMiddleware
 from api.idempotency.cache import ResponseCache
-from api.idempotency.completer import Completer
 from api.idempotency.waiters import Waiters, listen_args
 from api.logs import configure_logging
 from api.migrate import has_citus
 from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
 from api.storage_errors import misconfigured
+from api.transactions.completer import Completer
 from api.transactions.http import MAX_BODY_BYTES
 from api.transactions.inline import HotReads
 from api.transactions.lean import CreateRoute

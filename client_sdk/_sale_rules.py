@@ -2,9 +2,9 @@
 terminal SDK's offline check are built from.
 
 Pure data and the card-number rule, standard library only: the server may not import the SDK
-nor the SDK the server (``[tool.importlinter]``), so ``api/transactions/sale_rules.py`` is a
+nor the SDK the server (``[tool.importlinter]``), so ``api/sale_rules.py`` is a
 generated copy of the part of this file between the markers — regenerate it after any change
-with ``python -m client_sdk._sale_rules > api/transactions/sale_rules.py`` (a test fails
+with ``python -m client_sdk._sale_rules > api/sale_rules.py`` (a test fails
 while the copy differs). ``api/transactions/schemas.py`` takes every bound, pattern and
 choice from that copy; ``client_sdk/_validate.py`` reads this table. A test runs both on
 generated bodies and requires the same verdict.
@@ -312,7 +312,7 @@ def contains_pan(value: Any) -> bool:
 GENERATED_HEADER = (
     '"""The create body\'s rules — GENERATED from ``client_sdk/_sale_rules.py``; do not edit.\n'
     "\n"
-    "Regenerate: ``python -m client_sdk._sale_rules > api/transactions/sale_rules.py``. The\n"
+    "Regenerate: ``python -m client_sdk._sale_rules > api/sale_rules.py``. The\n"
     "server may not import the terminal SDK (``[tool.importlinter]``), so it reads this copy;\n"
     "a test fails while it differs from the SDK's table.\n"
     '"""\n'
@@ -332,7 +332,7 @@ def generated_copy(source: str) -> str:
     return GENERATED_HEADER + table.rstrip("\n") + "\n"
 
 
-if __name__ == "__main__":  # python -m client_sdk._sale_rules > api/transactions/sale_rules.py
+if __name__ == "__main__":  # python -m client_sdk._sale_rules > api/sale_rules.py
     import sys
 
     with open(__file__, encoding="utf-8") as own:

@@ -11,8 +11,8 @@ once, as without the preference — never a 503). Nothing polls per waiter:
   that transaction commits, so a woken waiter always reads the settled row. Each worker
   keeps one LISTEN connection (``run_forever``); when it drops, every waiter is woken to
   look again (a notification may have been missed) and the connection is re-made.
-- SQLite (the embedded default, one process): the code that settles a key calls
-  ``notify`` after its commit (``api.db.after_commit``).
+- SQLite (the embedded default, one process): the keys a transaction settled wake their
+  waiters after its commit (``settled_here``, registered with ``api.db.after_commit``).
 
 A woken waiter looks the key up again; if it is still in flight it waits for the rest of
 its time. Whatever happens, the request is answered as it would have been, at the latest
@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import structlog
 
+from api.db import after_commit
 from api.headers import parse_capped_seconds
 
 log = structlog.get_logger("idempay.waiters")
@@ -79,6 +80,14 @@ def settled_here(merchant_id: str, key: str) -> None:
     """A key settled by a transaction of this process has committed: wake its waiters."""
     for waiters in list(_HERE):
         waiters.notify(merchant_id, key)
+
+
+def _settled(keys: Sequence[tuple[str, str]]) -> None:
+    for merchant_id, key in keys:
+        settled_here(merchant_id, key)
+
+
+after_commit(SETTLED_KEYS, _settled)  # the keys ``store`` settled, once their commit is done
 
 
 class WaitersFull(Exception):

@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from api.db import iso
 from api.models import OutboxEvent
-from api.transactions.repository import iso
 
 _INSERT = insert(OutboxEvent)
 COMPLETED = "transaction.completed"

@@ -34,6 +34,7 @@ from api.db import atomic
 from api.errors import SuspectedDuplicateError
 from api.events.writer import RequestOutcome
 from api.models import Merchant, Transaction
+from api.transactions.merchants import merchant_of
 from api.transactions.outcome import IdempotencyStatus, Outcome, from_error
 
 # The first key of pg_advisory_xact_lock(int4, int4) for the guard (the two-key space is not
@@ -148,8 +149,6 @@ class GuardSetting:
 
 async def setting(engine: AsyncEngine, merchant: str) -> GuardSetting:
     """The guard of the merchant ``merchant`` (its id, or else its name: ``merchant_of``)."""
-    from api.transactions.operator import merchant_of  # operator → resolution → service → here
-
     merchant_id, name = await merchant_of(engine, merchant)
     async with engine.connect() as conn:
         window = await conn.scalar(

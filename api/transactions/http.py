@@ -11,7 +11,7 @@ from starlette.requests import Request
 
 from api.errors import PanNotAllowedError, PayloadTooLargeError, ValidationFailedError
 from api.headers import parse_non_negative_int, parse_positive_int
-from api.transactions.pan import contains_pan
+from api.pan import contains_pan
 from api.transactions.schemas import TransactionCreate
 
 MAX_BODY_BYTES = 16 * 1024

@@ -3,7 +3,8 @@
 ``show`` reads the key, its lease, its transaction, its ledger entries, the request events
 recorded for it and its outbox events. ``fence`` and ``reverse`` are the terminal's abort and
 reversal, run through the very functions the HTTP routes call (``resolution.abort`` and
-``resolution.reverse``) on a service built as the server builds it (``api.main``): the same
+``resolution.reverse``) on the service the caller built as the server builds it (the CLI,
+with ``api.main.build_context``): the same
 guarded transitions, so a key is fenced only if nothing was processed under it (a request
 that may still answer its terminal is "in progress": nothing changes), a transaction is
 reversed exactly once, and Redis learns of both. The operator's reason is written into the
@@ -18,23 +19,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from api.config import Settings
 from api.db import utcnow
 from api.events.writer import RequestOutcome
 from api.idempotency import store
 from api.idempotency.store import KeyRecord
-from api.models import LedgerEntry, Merchant, OutboxEvent, RequestEvent
+from api.models import LedgerEntry, OutboxEvent, RequestEvent
 from api.transactions import repository, resolution
+from api.transactions.merchants import merchant_of
 from api.transactions.outcome import Outcome
+from api.transactions.service import TransactionService
 
 Action = Literal["fence", "reverse"]
-
-
-class UnknownMerchantError(LookupError):
-    """No merchant has this name or id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,23 +45,6 @@ class KeyReport:
     ledger: list[Any]
     requests: list[Any]
     outbox: list[Any]
-
-
-async def merchant_of(engine: AsyncEngine, merchant: str) -> tuple[str, str]:
-    """(id, name) of the merchant whose id it is or, else, named ``merchant``: an id match
-    wins, so a merchant whose *name* is another's id never makes the answer depend on the
-    row order (the admin commands: key tools, guard)."""
-    async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                select(Merchant.id, Merchant.name)
-                .where(or_(Merchant.name == merchant, Merchant.id == merchant))
-                .order_by((Merchant.id == merchant).desc())
-            )
-        ).first()
-    if row is None:
-        raise UnknownMerchantError(f"no merchant named {merchant!r}")
-    return str(row.id), str(row.name)
 
 
 async def report(engine: AsyncEngine, merchant: str, key: str) -> KeyReport:
@@ -152,23 +133,13 @@ def describe(report: KeyReport, *, now: datetime | None = None) -> list[str]:
 
 
 async def act(
-    settings: Settings, merchant: str, key: str, *, action: Action, reason: str
+    service: TransactionService, merchant: str, key: str, *, action: Action, reason: str
 ) -> Outcome:
-    """Fence or reverse ``key`` of ``merchant`` as the HTTP route would, with ``reason``."""
-    from api.main import build_context
-
-    ctx = await build_context(settings)
-    try:
-        merchant_id, _ = await merchant_of(ctx.engine, merchant)
-        run = resolution.abort if action == "fence" else resolution.reverse
-        return await run(ctx.service, merchant_id, key, reason=reason)
-    finally:
-        if ctx.redis is not None:
-            await ctx.redis.aclose()
-        if ctx.service.inline is not None:
-            await ctx.service.inline.close()
-        await ctx.acquirer.close()
-        await ctx.engine.dispose()
+    """Fence or reverse ``key`` of ``merchant`` as the HTTP route would, with ``reason``, on
+    ``service`` (the server's, built by the caller)."""
+    merchant_id, _ = await merchant_of(service.engine, merchant)
+    run = resolution.abort if action == "fence" else resolution.reverse
+    return await run(service, merchant_id, key, reason=reason)
 
 
 def verdict(action: Action, outcome: Outcome) -> tuple[str, bool]:

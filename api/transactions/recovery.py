@@ -1,7 +1,7 @@
 """Recovery: a key whose owner is gone — take over, then settle it in doubt; fence.
 
 The one place that takes over an expired lease, used by the completer
-(``api/idempotency/completer.py``), by a create's retry that finds such a key
+(``api/transactions/completer.py``), by a create's retry that finds such a key
 (``TransactionService.existing``) and by an abort (``resolution.abort``):
 
 take over  a compare-and-set on the lease token: of any number of takers exactly one wins,

@@ -8,13 +8,14 @@ import os
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import structlog
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from api.context import AppContext
+from api.auth import Authenticator
+from api.config import Settings
 from api.db import utcnow
 from api.errors import (
     PROBLEM_JSON,
@@ -23,10 +24,11 @@ from api.errors import (
     unexpected,
     with_retry_after,
 )
-from api.events.writer import Event, RequestOutcome
+from api.events.writer import Event, EventWriter, RequestOutcome
 from api.idempotency.keys import body_fingerprint, parse_key, parse_uuid
-from api.idempotency.waiters import preferred_wait
+from api.idempotency.waiters import Waiters, preferred_wait
 from api.metrics import CONFLICTS, LATENCY, REPLAYS, REQUESTS
+from api.ratelimit import RateLimiter
 from api.transactions import listing, resolution, waiting
 from api.transactions.http import attempt_header, decode, network_header, read_body
 from api.transactions.openapi import (
@@ -40,6 +42,7 @@ from api.transactions.openapi import (
     responses,
 )
 from api.transactions.outcome import IdempotencyStatus, Outcome, from_error
+from api.transactions.service import TransactionService
 
 log = structlog.get_logger("idempay.http")
 router = APIRouter(prefix="/v1/transactions", tags=["transactions"])
@@ -54,11 +57,25 @@ TransactionId = Annotated[
 ]
 
 
+class RouteContext(Protocol):
+    """What the routes use of the process's context. The app's lifespan builds it
+    (``api.main.build_context``: an ``api.context.AppContext``) and hands it to them as
+    ``app.state.ctx``; nothing here builds or looks up anything else."""
+
+    settings: Settings
+    citus: bool
+    service: TransactionService
+    auth: Authenticator
+    limiter: RateLimiter
+    events: EventWriter
+    waiters: Waiters
+
+
 class _Call:
     """Per-request bookkeeping: who, which key, and the request event at the end."""
 
     def __init__(self, request: Request, endpoint: str) -> None:
-        self.ctx: AppContext = request.app.state.ctx
+        self.ctx: RouteContext = request.app.state.ctx
         self.endpoint = endpoint
         self.started = time.perf_counter()
         self.merchant_id: str | None = None

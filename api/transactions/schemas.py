@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from api.transactions.sale_rules import CREATE_BODY, METADATA_MAX_BYTES, METADATA_MAX_DEPTH
+from api.sale_rules import CREATE_BODY, METADATA_MAX_BYTES, METADATA_MAX_DEPTH
 
 _RULES: dict[str, Any] = CREATE_BODY["properties"]
 _CARD_RULES: dict[str, Any] = _RULES["card"]["properties"]

@@ -1,5 +1,5 @@
 """One table of create-body rules, two readers: the server's pydantic schema (through its
-generated copy, ``api/transactions/sale_rules.py``) and the SDK's offline check
+generated copy, ``api/sale_rules.py``) and the SDK's offline check
 (``client_sdk._validate``). The copy must be the generated one, and both must give the same
 verdict on every body — checked here on generated bodies against the server's own decoder
 (``api.transactions.http.decode``: JSON, PAN scan, ambiguities, schema)."""
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import client_sdk._sale_rules as sdk_rules
 from api.errors import PanNotAllowedError, ValidationFailedError
+from api.pan import contains_pan
 from api.transactions import http
-from api.transactions.pan import contains_pan
 from client_sdk._request import iso_utc
 from client_sdk._validate import problems
 
@@ -27,10 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_servers_copy_of_the_rules_is_the_generated_one() -> None:
     source = Path(sdk_rules.__file__).read_text(encoding="utf-8")
-    copy = (ROOT / "api" / "transactions" / "sale_rules.py").read_text(encoding="utf-8")
+    copy = (ROOT / "api" / "sale_rules.py").read_text(encoding="utf-8")
     assert copy == sdk_rules.generated_copy(source), (
-        "api/transactions/sale_rules.py is stale: run "
-        "python -m client_sdk._sale_rules > api/transactions/sale_rules.py"
+        "api/sale_rules.py is stale: run python -m client_sdk._sale_rules > api/sale_rules.py"
     )
     assert http.MAX_BODY_BYTES == sdk_rules.BODY_MAX_BYTES
 

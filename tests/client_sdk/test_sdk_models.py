@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from api.transactions.pan import contains_pan as server_contains_pan
+from api.pan import contains_pan as server_contains_pan
 from client_sdk import Card, CardSummary, PanNotAllowedError, Transaction
 from client_sdk._models import card_from
 from client_sdk._request import build_body, contains_pan, iso_utc

@@ -1,5 +1,5 @@
 """The SDK's PAN check before journaling (client_sdk/_request.py ``contains_pan``) decides as
-the server's (api/transactions/pan.py) does — contract §4.12: "A sale the server would refuse
+the server's (api/pan.py) does — contract §4.12: "A sale the server would refuse
 is never accepted offline ... the SDK checks the advice with the server's own rules"; and no
 text the server accepts makes the SDK fail with a raw builtin error (§4: typed errors).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from api.transactions.pan import contains_pan as server_contains_pan
+from api.pan import contains_pan as server_contains_pan
 from client_sdk import Client, OfflinePolicy, PanNotAllowedError
 
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: every connect is refused

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from api.acquirer.spec import CURRENCY_NUMERIC
-from api.transactions.sale_rules import CURRENCIES
+from api.sale_rules import CURRENCIES
 from api.transactions.schemas import TransactionCreate
 from client_sdk._sale_rules import CURRENCIES as SDK_CURRENCIES
 

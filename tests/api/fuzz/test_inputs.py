@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.transactions.sale_rules import CURRENCIES
+from api.sale_rules import CURRENCIES
 from tests.api.fuzz.conftest import Target
 from tests.api.fuzz.contract import assert_whole, check_response
 from tests.support.client import CARD

@@ -29,9 +29,9 @@ from api.acquirer.types import (
     ReversalRequest,
 )
 from api.db import atomic, utcnow
-from api.idempotency.completer import Completer
 from api.idempotency.store import KeyRecord
 from api.transactions import recovery, resolution
+from api.transactions.completer import Completer
 from api.transactions.recovery import Recovered
 from api.transactions.schemas import TransactionCreate
 from api.transactions.service import TransactionService

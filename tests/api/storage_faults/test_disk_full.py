@@ -1,5 +1,5 @@
 """A full disk under the embedded SQLite is recovered from with no operator and no restart
-(api/transactions/sqlite_create.py, ``_WalKeeper``; docs/operations.md, "SQLite").
+(api/sqlite_wal.py, ``WalKeeper``; docs/operations.md, "SQLite").
 
 On a 48 MiB loop-mounted ext4 disk (unmounted and removed whatever happens), ``idempay
 serve`` takes creates without a pause while a runaway filler takes every free byte, again

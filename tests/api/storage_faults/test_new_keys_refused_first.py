@@ -1,5 +1,5 @@
 """On a filling SQLite disk, new keys are refused before anything else (``WalKeeper``,
-api/transactions/sqlite_create.py; docs/operations.md, "The embedded SQLite"): a key already
+api/sqlite_wal.py; docs/operations.md, "The embedded SQLite"): a key already
 claimed has its 0200 out, and its finish — or its in-doubt settlement — must still fit, so an
 approved sale is recorded rather than settled declined for want of space. Found with a real
 server on a nearly full loop disk: claims written, their finishes refused, answered 202 and
@@ -13,14 +13,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from api import sqlite_wal
 from api.config import Settings
 from api.db import atomic, create_engine
-from api.transactions import sqlite_create
-from api.transactions.sqlite_create import (
-    NEW_KEY_HEADROOM_BYTES,
-    WRITE_HEADROOM_BYTES,
-    WalKeeper,
-)
+from api.sqlite_wal import NEW_KEY_HEADROOM_BYTES, WRITE_HEADROOM_BYTES, WalKeeper
 
 
 def _keeper_with_room(tmp_path: Path, room: int) -> WalKeeper:
@@ -56,7 +52,7 @@ async def test_the_claim_transaction_is_the_one_refused(
     room = WRITE_HEADROOM_BYTES + NEW_KEY_HEADROOM_BYTES // 2
     monkeypatch.setattr(WalKeeper, "room", lambda self: room)
     monkeypatch.setattr(WalKeeper, "wal_bytes", lambda self: 0)
-    monkeypatch.setattr(sqlite_create, "_KEEPERS", {})
+    monkeypatch.setattr(sqlite_wal, "_KEEPERS", {})
     engine = create_engine(Settings(database_url=f"sqlite+aiosqlite:///{path}"))
     try:
         async with atomic(engine) as conn:

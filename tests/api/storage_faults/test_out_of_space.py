@@ -1,4 +1,4 @@
-"""What the SQLite writer takes for a full disk (``sqlite_create.out_of_space``): SQLITE_FULL
+"""What the SQLite writer takes for a full disk (``sqlite_wal.out_of_space``): SQLITE_FULL
 itself, and an error raised while undoing a create SQLITE_FULL cut short (SQLite may roll
 the whole transaction back, and the savepoint's ROLLBACK TO then fails) — not other
 errors."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from api.transactions.sqlite_create import out_of_space
+from api.sqlite_wal import out_of_space
 
 
 def _full() -> sqlite3.OperationalError:

@@ -1,5 +1,5 @@
 """The embedded SQLite's WAL stays under its ceiling under steady load
-(api/transactions/sqlite_create.py, ``_WalKeeper``; docs/operations.md, "The embedded
+(api/sqlite_wal.py, ``WalKeeper``; docs/operations.md, "The embedded
 SQLite"): the writer restarts the WAL between batches once it passes ``WAL_RESTART_PAGES``.
 Before, the PASSIVE checkpoints beside a writer that never stops could not restart it: it
 grew with every batch, to the 20,000-page backstop (82 MB).
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from api.transactions import sqlite_create
+from api import sqlite_wal
 from api.transactions.sqlite_create import SqliteInline
 from idempay_tools._chaos_diskfull import WAL_CEILING_BYTES
 from tests.support.backend import Backend
@@ -57,5 +57,5 @@ async def test_the_wal_stays_under_its_ceiling_while_the_writer_never_stops(
     finally:
         await inline.close()
     assert _size(path) > WAL_CEILING_BYTES  # the database outgrew the ceiling
-    assert sqlite_create.wal_limit_bytes() < largest <= WAL_CEILING_BYTES
+    assert sqlite_wal.wal_limit_bytes() < largest <= WAL_CEILING_BYTES
     assert inline.wal.restarts > 0

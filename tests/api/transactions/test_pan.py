@@ -1,4 +1,4 @@
-"""PAN detection (api/transactions/pan.py): card numbers are found in any spelling, and
+"""PAN detection (api/pan.py): card numbers are found in any spelling, and
 canonical UUIDs — order ids, idempotency keys — are never mistaken for one."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from api.transactions.pan import contains_pan, redact_pans
+from api.pan import contains_pan, redact_pans
 
 PAN = "4111111111111111"
 

@@ -2,7 +2,7 @@
 "A field that looks like a card number (PAN: 12–19 digits passing Luhn) anywhere in the body:
 422 pan_not_allowed, and the body is not stored or logged").
 
-api/transactions/pan.py finds candidates with ``\\d`` (any Unicode decimal digit) but computes
+api/pan.py finds candidates with ``\\d`` (any Unicode decimal digit) but computes
 Luhn with ``ord(char) - 48`` (ASCII only): 4242424242424242 in Arabic-Indic digits
 (U+0660–U+0669) passes the regex and fails the garbage Luhn — at f1dd311 a real server
 answered 201 and stored it (the body in the database); the SDK (``int(char)``) refuses the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.transactions.pan import contains_pan
+from api.pan import contains_pan
 
 PAN = "4242424242424242"
 

@@ -1,6 +1,6 @@
 """The create body's rules — GENERATED from ``client_sdk/_sale_rules.py``; do not edit.
 
-Regenerate: ``python -m client_sdk._sale_rules > api/transactions/sale_rules.py``. The
+Regenerate: ``python -m client_sdk._sale_rules > api/sale_rules.py``. The
 server may not import the terminal SDK (``[tool.importlinter]``), so it reads this copy;
 a test fails while it differs from the SDK's table.
 """

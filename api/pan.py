@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from api.transactions.sale_rules import (
+from api.sale_rules import (
     PAN_CANDIDATE,
     contains_pan,
     luhn_ok,
