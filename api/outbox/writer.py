@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from api import deferred
 from api.db import iso
 from api.models import OutboxEvent
 
@@ -74,4 +75,4 @@ async def append(
         data={**data, "reason": reason} if reason else data,
         now=now,
     )
-    await conn.execute(_INSERT, row)
+    await deferred.insert(conn, _INSERT, row)  # in a batch of finishes: with the batch's rows
