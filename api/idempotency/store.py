@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, bindparam, delete, select, update
+from sqlalchemy import ColumnElement, Row, bindparam, delete, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api.db import insert_if_absent
@@ -285,6 +285,57 @@ _COMPLETE = (
         updated_at=bindparam("v_now", type_=IdempotencyKey.__table__.c.updated_at.type),
     )
 )
+
+
+# A batch of finishes on Postgres: one UPDATE for all its keys (``complete_together``), a
+# statement prepared once whatever the batch's size. ``v.i`` names the finish that won each
+# row: a row joins only the finish holding its current lease token.
+_COMPLETE_TOGETHER = text(
+    """
+    UPDATE idempotency_key AS k
+       SET state = 'completed', response_status = v.status, response_body = v.body,
+           request = NULL, lease_until = NULL, updated_at = v.now
+      FROM unnest(CAST(:merchants AS varchar[]), CAST(:keys AS varchar[]),
+                  CAST(:tokens AS integer[]), CAST(:statuses AS integer[]),
+                  CAST(:bodies AS text[]), CAST(:nows AS timestamptz[]))
+           WITH ORDINALITY AS v(merchant_id, key, token, status, body, now, i)
+     WHERE k.merchant_id = v.merchant_id AND k.key = v.key
+       AND k.state = 'processing' AND k.lease_token = v.token
+    RETURNING v.i
+    """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One finish's final write (``complete``'s arguments)."""
+
+    merchant_id: str
+    key: str
+    token: int
+    now: datetime
+    response_status: int
+    response_body: str
+
+
+async def complete_together(conn: AsyncConnection, items: list[Completion]) -> list[bool]:
+    """``complete`` for many keys in one statement (Postgres only): per item, whether it
+    completed its key (it held the current lease token)."""
+    result = await conn.execute(
+        _COMPLETE_TOGETHER,
+        {
+            "merchants": [item.merchant_id for item in items],
+            "keys": [item.key for item in items],
+            "tokens": [item.token for item in items],
+            "statuses": [item.response_status for item in items],
+            "bodies": [item.response_body for item in items],
+            "nows": [item.now for item in items],
+        },
+    )
+    won = {int(row[0]) - 1 for row in result}
+    return [
+        _settled(conn, item.merchant_id, item.key, index in won) for index, item in enumerate(items)
+    ]
 
 
 async def fence_owned(

@@ -289,8 +289,15 @@ async def _write_ending(
         return written
 
     for attempt in range(WRITE_ATTEMPTS):
+        # The common finish as a ``Finish`` (a batch of them completes its keys together);
+        # the in-doubt settlement with its 0420 as a work of its own.
+        work = (
+            ending
+            if in_doubt
+            else service.finish_work(merchant_id, key, body, auth, token, created_at)
+        )
         try:
-            text = await service.finishes.run(ending, partition=service.partition_of(merchant_id))
+            text = await service.finishes.run(work, partition=service.partition_of(merchant_id))
             break
         except Exception as exc:
             if not storage_unavailable(exc) or attempt == WRITE_ATTEMPTS - 1:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -70,12 +70,26 @@ class _TogetherFailed(Exception):
     written again, each work's statements on their own."""
 
 
+class Together(Protocol):
+    """A work whose batch-mates of its own class can be written by one set of statements
+    (``GroupCommit(together=True)``): ``run_together`` gives each work's result, in order,
+    where ``can_go_together`` says so for that connection; called one by one otherwise."""
+
+    def __call__(self, conn: AsyncConnection) -> Awaitable[Any]: ...
+
+    @classmethod
+    def can_go_together(cls, conn: AsyncConnection, works: list[Any]) -> bool: ...
+
+    @classmethod
+    async def run_together(cls, conn: AsyncConnection, works: list[Any]) -> list[Any]: ...
+
+
 class InsertIfAbsent:
     """A work that is one row inserted unless its key exists (``INSERT … ON CONFLICT DO
-    NOTHING``): True when it inserted it. A batch of them may go as one multi-row statement
-    (``GroupCommit(rows_together=True)``), which tells each work whether its row went in by
-    ``identity`` — columns whose values no other row of the batch shares — read back with
-    ``RETURNING``. ``sent`` is called once the row's statement is about to be sent."""
+    NOTHING``): True when it inserted it. A batch of them goes as one multi-row statement
+    (``_insert_together``), which tells each work whether its row went in by ``identity`` —
+    columns whose values no other row of the batch shares — read back with ``RETURNING``.
+    ``sent`` is called once the row's statement is about to be sent."""
 
     __slots__ = ("model", "row", "identity", "sent")
 
@@ -94,6 +108,14 @@ class InsertIfAbsent:
     def __call__(self, conn: AsyncConnection) -> Awaitable[bool]:
         self.sent()
         return insert_if_absent(conn, self.model, self.row)
+
+    @classmethod
+    def can_go_together(cls, conn: AsyncConnection, works: list[Any]) -> bool:
+        return all(work.model is works[0].model for work in works)
+
+    @classmethod
+    async def run_together(cls, conn: AsyncConnection, works: list[Any]) -> list[Any]:
+        return await _insert_together(conn, works)
 
 
 async def _insert_together(conn: AsyncConnection, works: list[InsertIfAbsent]) -> list[bool]:
@@ -146,7 +168,7 @@ class GroupCommit(Generic[T]):
         new_key: bool = False,
         queue_timeout: float | None = None,
         defer_inserts: bool = False,
-        rows_together: bool = False,
+        together: bool = False,
     ) -> None:
         self.engine = engine
         self._transactions = GROUP_COMMIT_TRANSACTIONS.labels(kind)
@@ -160,7 +182,7 @@ class GroupCommit(Generic[T]):
         self.new_key = new_key
         self.queue_timeout = queue_timeout
         self.defer_inserts = defer_inserts
-        self.rows_together = rows_together
+        self.together = together
         self._pending: list[tuple[Work[T], asyncio.Future[T]]] = []
         self._running: dict[int, float] = {}  # batch number → when it started (loop time)
         self._partitions: dict[int, object] = {}  # id(future) → its work's partition
@@ -252,35 +274,37 @@ class GroupCommit(Generic[T]):
     ) -> int | None:
         """One transaction for ``batch``: None when every waiter was answered, else the index
         of the one work that failed on its own (answered; the transaction rolled back).
-        ``together``: the works' rows in one statement (``rows_together``, works that are all
-        ``InsertIfAbsent``), their deferred inserts in one statement per table after the last
-        work (``defer_inserts``, ``api.deferred``); if such a statement fails for a reason of
-        its own, ``_TogetherFailed``."""
+        ``together``: works of one ``Together`` class written by its set statements
+        (``together``), and the works' deferred inserts sent in one statement per table after
+        the last work (``defer_inserts``, ``api.deferred``); if such a statement fails for a
+        reason of its own, ``_TogetherFailed``."""
         self._transactions.inc()
         results: list[Any] = []
         defer = together and self.defer_inserts and len(batch) > 1
         rows = [work for work, _future in batch]
-        one_insert = (
+        kind = type(rows[0])
+        one_go = (
             together
-            and self.rows_together
+            and self.together
             and len(rows) > 1
-            and all(isinstance(work, InsertIfAbsent) for work in rows)
+            and hasattr(kind, "run_together")
+            and all(type(work) is kind for work in rows)
         )
         try:
             async with atomic(self.engine, new_key=self.new_key) as conn:
                 for statement in self.prologue:
                     await conn.exec_driver_sql(statement)
-                if one_insert:
-                    try:
-                        results = await _insert_together(conn, rows)  # type: ignore[arg-type]
-                    except Exception as exc:
-                        if storage_unavailable(exc):
-                            raise  # the batch's fate: every waiter gets it
-                        raise _TogetherFailed(repr(exc)) from exc
-                    rows = []
                 if defer:
                     deferred.collect(conn)
                 try:
+                    if one_go and kind.can_go_together(conn, rows):  # type: ignore[attr-defined]
+                        try:
+                            results = await kind.run_together(conn, rows)  # type: ignore[attr-defined]
+                        except Exception as exc:
+                            if storage_unavailable(exc):
+                                raise  # the batch's fate: every waiter gets it
+                            raise _TogetherFailed(repr(exc)) from exc
+                        rows = []
                     for index, work in enumerate(rows):
                         try:
                             results.append(await work(conn))

@@ -127,7 +127,7 @@ class TransactionService:
             new_key=True,
             queue_timeout=settings.db_timeout,
             # the batch's claims in one INSERT (each learns from RETURNING if it went in)
-            rows_together=True,
+            together=True,
         )
         self.finishes: GroupCommit[str | None] = GroupCommit(
             engine,
@@ -140,6 +140,8 @@ class TransactionService:
             queue_timeout=settings.db_timeout,
             # the finishes' inserts (transaction, ledger, outbox) one statement per table
             defer_inserts=True,
+            # and their keys completed in one UPDATE (``Finish``, Postgres)
+            together=True,
         )
 
     # ----------------------------------------------------------------- helpers
@@ -679,22 +681,20 @@ class TransactionService:
     ) -> str | None:
         """Phase 3 (also the in-doubt settlement, with ``auth`` declined / acquirer_timeout):
         stored response, transaction and ledger, or nothing if the lease is gone."""
+        return await self.finish_work(merchant_id, key, body, auth, token, created_at)(conn)
+
+    def finish_work(
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        auth: Authorization,
+        token: int,
+        created_at: datetime,
+    ) -> Finish:
+        """``finish`` as a work of the batch of finishes (``Finish``)."""
         txn = self.new_transaction(merchant_id, key, body, auth, created_at=created_at)
-        text = repository.render(txn)
-        won = await store.complete(
-            conn,
-            merchant_id=merchant_id,
-            key=key,
-            token=token,
-            now=txn.processed_at,
-            response_status=201,
-            response_body=text,
-        )
-        if not won:
-            return None
-        await repository.insert_transaction(conn, txn)
-        await self._announce(conn, txn)
-        return text
+        return Finish(self, txn, token, repository.render(txn))
 
     async def drive(
         self,
@@ -897,3 +897,63 @@ def _overridden(body: TransactionCreate) -> TransactionCreate:
 
 def _created(body: bytes, event: RequestOutcome, terminal_id: str | None) -> Outcome:
     return Outcome(201, body, event, IdempotencyStatus.CREATED, terminal_id=terminal_id)
+
+
+class Finish:
+    """Phase 3 of one create as a work of a batch of finishes: the key completed by the
+    holder of lease ``token`` with the stored response ``text``, then its transaction, ledger
+    entry and outbox event (inserts the batch sends together, ``api.deferred``); ``text``, or
+    None if the lease is gone. On Postgres (one plain server) a batch of them completes its
+    keys in one ``UPDATE`` (``store.complete_together``)."""
+
+    __slots__ = ("service", "txn", "token", "text")
+
+    def __init__(
+        self, service: TransactionService, txn: repository.NewTransaction, token: int, text: str
+    ) -> None:
+        self.service = service
+        self.txn = txn
+        self.token = token
+        self.text = text
+
+    def _completion(self) -> store.Completion:
+        return store.Completion(
+            merchant_id=self.txn.merchant_id,
+            key=self.txn.id,
+            token=self.token,
+            now=self.txn.processed_at,
+            response_status=201,
+            response_body=self.text,
+        )
+
+    async def _written(self, conn: AsyncConnection) -> str:
+        await repository.insert_transaction(conn, self.txn)
+        await self.service._announce(conn, self.txn)
+        return self.text
+
+    async def __call__(self, conn: AsyncConnection) -> str | None:
+        c = self._completion()
+        won = await store.complete(
+            conn,
+            merchant_id=c.merchant_id,
+            key=c.key,
+            token=c.token,
+            now=c.now,
+            response_status=c.response_status,
+            response_body=c.response_body,
+        )
+        return await self._written(conn) if won else None
+
+    @classmethod
+    def can_go_together(cls, conn: AsyncConnection, works: list[Finish]) -> bool:
+        # Citus: a batch is one merchant's, but an UPDATE … FROM unnest(…) is not routed to
+        # one shard; there each finish keeps its own UPDATE.
+        return conn.dialect.name == "postgresql" and not works[0].service._by_merchant
+
+    @classmethod
+    async def run_together(cls, conn: AsyncConnection, works: list[Finish]) -> list[str | None]:
+        won = await store.complete_together(conn, [work._completion() for work in works])
+        return [
+            await work._written(conn) if ours else None
+            for work, ours in zip(works, won, strict=True)
+        ]

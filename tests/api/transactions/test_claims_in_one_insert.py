@@ -1,5 +1,5 @@
 """A batch of claims is one ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING``
-(api/transactions/group_commit.py, ``rows_together``), on both backends: each claim learns
+(api/transactions/group_commit.py, ``together``), on both backends: each claim learns
 from the returned identity (key, claim time, lease end) whether its own row went in — a key
 already there, or claimed twice in one batch, is claimed by one row only — and a statement
 that fails for one row's sake is sent again row by row, so only that claim gets the error."""
@@ -90,7 +90,7 @@ async def _one_batch(group: GroupCommit[Any], works: list[Any]) -> list[Any]:
 
 
 def _claims(engine: AsyncEngine) -> GroupCommit[Any]:
-    return GroupCommit(engine, kind="claim", lanes=1, new_key=True, rows_together=True)
+    return GroupCommit(engine, kind="claim", lanes=1, new_key=True, together=True)
 
 
 async def _rows(engine: AsyncEngine) -> dict[str, datetime]:
