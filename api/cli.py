@@ -491,12 +491,7 @@ def _key_action(action: Any, merchant: str, key: str, reason: str) -> None:
         try:
             return await act(ctx.service, merchant, parsed, action=action, reason=reason)
         finally:
-            if ctx.redis is not None:
-                await ctx.redis.aclose()
-            if ctx.service.inline is not None:
-                await ctx.service.inline.close()
-            await ctx.acquirer.close()
-            await ctx.engine.dispose()
+            await ctx.close()
 
     try:
         outcome = asyncio.run(run())

@@ -28,3 +28,13 @@ class AppContext:
     waiters: Waiters
     acquirer: AcquirerRuntime
     redis: Any | None = None
+
+    async def close(self) -> None:
+        """Close what ``build_context`` opened: Redis, the hot path's connections, the
+        acquirer link (or its child host), the engine."""
+        if self.redis is not None:
+            await self.redis.aclose()
+        if self.service.inline is not None:
+            await self.service.inline.close()
+        await self.acquirer.close()
+        await self.engine.dispose()

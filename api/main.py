@@ -363,12 +363,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await ctx.events.close(events)  # finishes the flush under way, then drains
-            if ctx.redis is not None:
-                await ctx.redis.aclose()
-            if ctx.service.inline is not None:
-                await ctx.service.inline.close()
-            await ctx.acquirer.close()
-            await ctx.engine.dispose()
+            await ctx.close()
 
     app = FastAPI(
         title="idempay",

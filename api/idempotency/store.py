@@ -89,34 +89,10 @@ async def get(conn: AsyncConnection, merchant_id: str, key: str) -> KeyRecord | 
     return _record(row) if row else None
 
 
-async def claim(
-    conn: AsyncConnection,
-    *,
-    merchant_id: str,
-    key: str,
-    fingerprint: str,
-    request: str,
-    terminal_id: str,
-    now: datetime,
-    lease_until: datetime,
-    deadline_s: float,
-) -> bool:
-    """Insert the key as ``processing`` with lease token 1, claimed at ``now`` until
-    ``lease_until``; False if the key exists."""
-    return await insert_if_absent(
-        conn,
-        IdempotencyKey,
-        claim_row(
-            merchant_id=merchant_id,
-            key=key,
-            fingerprint=fingerprint,
-            request=request,
-            terminal_id=terminal_id,
-            now=now,
-            lease_until=lease_until,
-            deadline_s=deadline_s,
-        ),
-    )
+async def claim(conn: AsyncConnection, row: dict[str, Any]) -> bool:
+    """Insert a claim's row (``claim_row``: the key ``processing`` with lease token 1);
+    False if the key exists."""
+    return await insert_if_absent(conn, IdempotencyKey, row)
 
 
 # The columns that tell one claim's row from any other's: the key, its claim time (unique

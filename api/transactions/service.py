@@ -568,21 +568,7 @@ class TransactionService:
         """Phase 1's transaction: (claimed, refused by the guard, suspect, body). ``written``
         gets an entry once the claim's INSERT is sent: from then on its end may be unseen."""
 
-        async def insert(conn: AsyncConnection, body: TransactionCreate) -> bool:
-            written.append(True)
-            return await store.claim(
-                conn,
-                merchant_id=merchant_id,
-                key=key,
-                fingerprint=fingerprint,
-                request=body.stored_request(),
-                terminal_id=body.terminal_id,
-                now=now,
-                lease_until=lease_until,
-                deadline_s=self.settings.issuer_deadline,
-            )
-
-        if guard is None:  # the common create: its row in a batch of claims
+        def claim(body: TransactionCreate) -> InsertIfAbsent:
             row = store.claim_row(
                 merchant_id=merchant_id,
                 key=key,
@@ -593,9 +579,11 @@ class TransactionService:
                 lease_until=lease_until,
                 deadline_s=self.settings.issuer_deadline,
             )
-            work = InsertIfAbsent(
-                IdempotencyKey, row, store.CLAIM_IDENTITY, sent=lambda: written.append(True)
-            )
+            sent = lambda: written.append(True)  # noqa: E731
+            return InsertIfAbsent(IdempotencyKey, row, store.CLAIM_IDENTITY, sent=sent)
+
+        if guard is None:  # the common create: its row in a batch of claims
+            work = claim(body)
             claimed = await self.claims.run(work, partition=self.partition_of(merchant_id))
             return claimed, False, None, body
         async with atomic(self.engine, new_key=True) as conn:
@@ -605,7 +593,7 @@ class TransactionService:
             suspect = await self._suspect(conn, guard, merchant_id, key, body, now)
             if suspect is not None and guard.allow:
                 body = _overridden(body)
-            claimed = await insert(conn, body)
+            claimed = await claim(body)(conn)
             refused = claimed and suspect is not None and not body.allow_duplicate
             if refused:
                 await conn.rollback()  # the claim is undone: nothing stored under the key

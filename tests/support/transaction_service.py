@@ -132,14 +132,16 @@ async def claim_key(
     async with atomic(service.engine) as conn:
         assert await store.claim(
             conn,
-            merchant_id=merchant,
-            key=key,
-            fingerprint=body_fingerprint(payment),
-            request=payment.stored_request(),
-            terminal_id=payment.terminal_id,
-            now=now,
-            lease_until=now + timedelta(seconds=lease_s),
-            deadline_s=service.settings.issuer_deadline,
+            store.claim_row(
+                merchant_id=merchant,
+                key=key,
+                fingerprint=body_fingerprint(payment),
+                request=payment.stored_request(),
+                terminal_id=payment.terminal_id,
+                now=now,
+                lease_until=now + timedelta(seconds=lease_s),
+                deadline_s=service.settings.issuer_deadline,
+            ),
         )
 
 

@@ -6,21 +6,20 @@ that fails for one row's sake is sent again row by row, so only that claim gets 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.idempotency import store
 from api.models import IdempotencyKey
 from api.transactions.group_commit import GroupCommit, InsertIfAbsent
 from tests.support.backend import Backend
+from tests.support.batches import one_batch, statements_sent
 from tests.support.transaction_service import private_engine
 
 MERCHANT = "mer_claims_in_one_insert"
@@ -55,40 +54,6 @@ def _key(n: int) -> str:
     return f"00000000-0000-4000-8000-{n:012d}"
 
 
-@contextmanager
-def inserts_sent(engine: AsyncEngine) -> Iterator[list[str]]:
-    sent: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO"):
-            sent.append(statement.split()[2].strip('"'))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", record)
-
-
-async def _one_batch(group: GroupCommit[Any], works: list[Any]) -> list[Any]:
-    """``works`` in one batch: they queue while a first work holds the only lane."""
-    gate, started = asyncio.Event(), asyncio.Event()
-
-    async def held(_conn: AsyncConnection) -> str:
-        started.set()
-        await gate.wait()
-        return "held"
-
-    first = asyncio.ensure_future(group.run(held))
-    await started.wait()
-    rest = [asyncio.ensure_future(group.run(work)) for work in works]
-    await asyncio.sleep(0)
-    assert len(group._pending) == len(works)
-    gate.set()
-    assert await first == "held"
-    return list(await asyncio.gather(*rest, return_exceptions=True))
-
-
 def _claims(engine: AsyncEngine) -> GroupCommit[Any]:
     return GroupCommit(engine, kind="claim", lanes=1, new_key=True, together=True)
 
@@ -107,10 +72,10 @@ async def test_a_batch_of_claims_is_one_insert(engine: AsyncEngine) -> None:
     at = datetime.now(UTC)
     sent: list[str] = []
     works = [_claim(_key(n), at + timedelta(microseconds=n), sent) for n in range(8)]
-    with inserts_sent(engine) as statements:
-        results = await _one_batch(_claims(engine), works)
+    with statements_sent(engine) as statements:
+        results = await one_batch(_claims(engine), works)
     assert results == [True] * 8
-    assert statements == ["idempotency_key"]  # one statement for the eight claims
+    assert statements == ["INSERT idempotency_key"]  # one statement for the eight claims
     assert sorted(sent) == sorted(_key(n) for n in range(8))  # each told before it was sent
     assert set(await _rows(engine)) == {_key(n) for n in range(8)}
 
@@ -127,9 +92,9 @@ async def test_a_key_already_there_and_a_key_claimed_twice_go_in_once(
         _claim(_key(2), at + timedelta(microseconds=2)),  # key 2 again, later: finds it
         _claim(_key(3), at + timedelta(microseconds=4)),
     ]
-    with inserts_sent(engine) as statements:
-        results = await _one_batch(_claims(engine), works)
-    assert statements == ["idempotency_key"]
+    with statements_sent(engine) as statements:
+        results = await one_batch(_claims(engine), works)
+    assert statements == ["INSERT idempotency_key"]
     assert results == [True, False, False, True]
     rows = await _rows(engine)
     assert rows[_key(1)] == at - timedelta(seconds=1)  # the earlier claim, untouched
@@ -140,10 +105,10 @@ async def test_a_row_that_fails_the_statement_fails_alone(engine: AsyncEngine) -
     at = datetime.now(UTC)
     works = [_claim(_key(n), at + timedelta(microseconds=n)) for n in range(5)]
     works[3].row["state"] = None  # NOT NULL: this row, and so the whole statement, fails
-    with inserts_sent(engine) as statements:
-        results = await _one_batch(_claims(engine), works)
+    with statements_sent(engine) as statements:
+        results = await one_batch(_claims(engine), works)
     assert isinstance(results[3], IntegrityError)
     assert [r for i, r in enumerate(results) if i != 3] == [True] * 4
     # The one statement, then the claims row by row (the failing one alone answered).
-    assert statements[0] == "idempotency_key" and len(statements) > 1
+    assert statements[0] == "INSERT idempotency_key" and len(statements) > 1
     assert set(await _rows(engine)) == {_key(n) for n in range(5) if n != 3}

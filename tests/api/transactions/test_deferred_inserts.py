@@ -5,14 +5,12 @@ whose row failed gets the error and its batch-mates commit."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -21,6 +19,7 @@ from api.outbox import writer as outbox
 from api.transactions import repository
 from api.transactions.group_commit import GroupCommit
 from tests.support.backend import Backend
+from tests.support.batches import one_batch, statements_sent
 from tests.support.transaction_service import private_engine
 
 MERCHANT = "mer_deferred_inserts"
@@ -70,41 +69,8 @@ async def _finish(conn: AsyncConnection, txn: repository.NewTransaction) -> str:
     return txn.id
 
 
-@contextmanager
-def inserts_sent(engine: AsyncEngine) -> Iterator[list[str]]:
-    """The table of every INSERT statement sent while inside."""
-    sent: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO"):
-            sent.append(statement.split()[2].strip('"'))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", record)
-
-
-async def _one_batch(
-    group: GroupCommit[str], txns: list[repository.NewTransaction]
-) -> list[str | BaseException]:
-    """``txns``' finishes, all in one batch: they queue while a first work holds the lane."""
-    gate, started = asyncio.Event(), asyncio.Event()
-
-    async def held(_conn: AsyncConnection) -> str:
-        started.set()
-        await gate.wait()
-        return "held"
-
-    first = asyncio.ensure_future(group.run(held))
-    await started.wait()  # the held batch has the lane
-    rest = [asyncio.ensure_future(group.run(lambda c, t=t: _finish(c, t))) for t in txns]
-    await asyncio.sleep(0)
-    assert len(group._pending) == len(txns)  # queued behind the held batch, together
-    gate.set()
-    assert await first == "held"
-    return list(await asyncio.gather(*rest, return_exceptions=True))
+def _works(txns: list[repository.NewTransaction]) -> list[Any]:
+    return [lambda conn, t=t: _finish(conn, t) for t in txns]
 
 
 async def _count(engine: AsyncEngine, table: Any, column: Any) -> int:
@@ -116,12 +82,12 @@ async def _count(engine: AsyncEngine, table: Any, column: Any) -> int:
 async def test_a_batch_sends_one_insert_per_table(engine: AsyncEngine) -> None:
     group: GroupCommit[str] = GroupCommit(engine, kind="finish", lanes=1, defer_inserts=True)
     txns = [_txn(n) for n in range(BATCH)]
-    with inserts_sent(engine) as sent:
-        results = await _one_batch(group, txns)
+    with statements_sent(engine) as sent:
+        results = await one_batch(group, _works(txns))
     assert results == [t.id for t in txns]
     # Per-work inserts would be 3 × BATCH statements; deferred, one per table, the
     # transaction rows before the ledger entries that reference them.
-    assert sent == ["transaction", "ledger_entry", "outbox_event"]
+    assert sent == ["INSERT transaction", "INSERT ledger_entry", "INSERT outbox_event"]
     assert await _count(engine, Transaction, Transaction.merchant_id) == BATCH
     assert await _count(engine, LedgerEntry, LedgerEntry.merchant_id) == BATCH
     assert await _count(engine, OutboxEvent, OutboxEvent.merchant_id) == BATCH
@@ -130,9 +96,9 @@ async def test_a_batch_sends_one_insert_per_table(engine: AsyncEngine) -> None:
 async def test_without_deferral_each_work_sends_its_own(engine: AsyncEngine) -> None:
     group: GroupCommit[str] = GroupCommit(engine, kind="finish", lanes=1)
     txns = [_txn(n) for n in range(3)]
-    with inserts_sent(engine) as sent:
-        assert await _one_batch(group, txns) == [t.id for t in txns]
-    assert sent == ["transaction", "ledger_entry", "outbox_event"] * 3
+    with statements_sent(engine) as sent:
+        assert await one_batch(group, _works(txns)) == [t.id for t in txns]
+    assert sent == ["INSERT transaction", "INSERT ledger_entry", "INSERT outbox_event"] * 3
 
 
 async def test_a_failed_flush_blames_only_the_work_whose_row_failed(engine: AsyncEngine) -> None:
@@ -141,16 +107,16 @@ async def test_a_failed_flush_blames_only_the_work_whose_row_failed(engine: Asyn
     async with engine.begin() as conn:  # its row already there: its insert must fail
         await repository.insert_transaction(conn, clash)
     group: GroupCommit[str] = GroupCommit(engine, kind="finish", lanes=1, defer_inserts=True)
-    with inserts_sent(engine) as sent:
-        results = await _one_batch(group, txns)
+    with statements_sent(engine) as sent:
+        results = await one_batch(group, _works(txns))
     assert isinstance(results[2], IntegrityError)
     assert [r for i, r in enumerate(results) if i != 2] == [
         t.id for i, t in enumerate(txns) if i != 2
     ]
     # First the batch's deferred statements (the transaction insert fails), then every work
     # again one statement at a time: the clash alone fails, the others commit.
-    assert sent[0] == "transaction"
-    assert sent.count("transaction") > 1
+    assert sent[0] == "INSERT transaction"
+    assert sent.count("INSERT transaction") > 1
     assert await _count(engine, Transaction, Transaction.merchant_id) == BATCH
     assert await _count(engine, LedgerEntry, LedgerEntry.merchant_id) == BATCH
     assert await _count(engine, OutboxEvent, OutboxEvent.merchant_id) == BATCH - 1

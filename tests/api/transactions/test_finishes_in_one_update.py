@@ -7,19 +7,16 @@ by finish)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
-from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import text
 
 from api.acquirer.types import Authorization
 from api.transactions.service import Finish, TransactionService
 from tests.support.backend import Backend
+from tests.support.batches import one_batch, statements_sent
 from tests.support.stalls import dsn, held
 from tests.support.transaction_service import (
     APPROVED,
@@ -45,23 +42,6 @@ async def service(private_pg_backend: Backend) -> AsyncIterator[TransactionServi
         yield service
 
 
-@contextmanager
-def statements_sent(service: TransactionService) -> Iterator[list[str]]:
-    """The first two words of every UPDATE and INSERT statement sent while inside."""
-    sent: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        words = statement.split()
-        if words and words[0].upper() in ("UPDATE", "INSERT"):
-            sent.append(" ".join(words[:3] if words[0].upper() == "INSERT" else words[:2]))
-
-    event.listen(service.engine.sync_engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(service.engine.sync_engine, "before_cursor_execute", record)
-
-
 async def _finishes(service: TransactionService, count: int) -> list[Finish]:
     """``count`` keys claimed (token 1), each with its finish: every third declined."""
     works = []
@@ -71,27 +51,6 @@ async def _finishes(service: TransactionService, count: int) -> list[Finish]:
         auth = DECLINED if n % 3 == 2 else APPROVED
         works.append(service.finish_work(MERCHANT, key, payment, auth, 1, datetime.now(UTC)))
     return works
-
-
-async def _one_batch(service: TransactionService, works: list[Any]) -> list[Any]:
-    """``works`` in one batch of the service's finishes: queued while a first work holds
-    every lane."""
-    gate, started = asyncio.Event(), asyncio.Event()
-    group = service.finishes
-    group.lanes = group.max_lanes = 1
-
-    async def held(_conn: AsyncConnection) -> None:
-        started.set()
-        await gate.wait()
-
-    first = asyncio.ensure_future(group.run(held))
-    await started.wait()
-    rest = [asyncio.ensure_future(group.run(work)) for work in works]
-    await asyncio.sleep(0)
-    assert len(group._pending) == len(works)
-    gate.set()
-    await first
-    return list(await asyncio.gather(*rest, return_exceptions=True))
 
 
 async def _states(service: TransactionService) -> dict[str, tuple[str, int, int]]:
@@ -113,15 +72,15 @@ async def _states(service: TransactionService) -> dict[str, tuple[str, int, int]
 
 async def test_a_batch_of_finishes_is_one_update(service: TransactionService) -> None:
     works = await _finishes(service, 6)
-    with statements_sent(service) as sent:
-        results = await _one_batch(service, works)
+    with statements_sent(service.engine) as sent:
+        results = await one_batch(service.finishes, works)
     assert results == [work.text for work in works]
     # One UPDATE for the six keys, then one INSERT per table (transaction, ledger, outbox).
     assert sent.count("UPDATE idempotency_key") == 1
     assert [s for s in sent if s.startswith("INSERT")] == [
-        "INSERT INTO transaction",
-        "INSERT INTO ledger_entry",
-        "INSERT INTO outbox_event",
+        "INSERT transaction",
+        "INSERT ledger_entry",
+        "INSERT outbox_event",
     ]
     states = await _states(service)
     for n, work in enumerate(works):
@@ -137,8 +96,8 @@ async def test_a_finish_whose_lease_was_taken_over_writes_nothing(
             text("UPDATE idempotency_key SET lease_token = 2 WHERE merchant_id = :m AND key = :k"),
             {"m": MERCHANT, "k": works[1].txn.id},
         )
-    with statements_sent(service) as sent:
-        results = await _one_batch(service, works)
+    with statements_sent(service.engine) as sent:
+        results = await one_batch(service.finishes, works)
     assert sent.count("UPDATE idempotency_key") == 1
     assert results[1] is None
     assert [r for i, r in enumerate(results) if i != 1] == [
@@ -158,8 +117,8 @@ async def test_a_held_key_fails_its_own_finish_only(
     works = await _finishes(service, 4)
     # An operator's open transaction holds key 2's row past the finishes' lock timeout.
     async with held(dsn(private_pg_backend), LOCK_KEY_ROW, MERCHANT, works[2].txn.id):
-        with statements_sent(service) as sent:
-            results = await _one_batch(service, works)
+        with statements_sent(service.engine) as sent:
+            results = await one_batch(service.finishes, works)
     assert sent.count("UPDATE idempotency_key") > 1  # the one UPDATE, then finish by finish
     assert isinstance(results[2], Exception)
     assert [r for i, r in enumerate(results) if i != 2] == [

@@ -152,14 +152,16 @@ def _claim(backend: Backend, merchant_id: str, key: str, *, age: float, lease: f
             async with engine.begin() as conn:
                 await store.claim(
                     conn,
-                    merchant_id=merchant_id,
-                    key=key,
-                    fingerprint="f" * 64,
-                    request=json.dumps(body()),
-                    terminal_id="T-0001",
-                    now=datetime.now(UTC) - timedelta(seconds=age),
-                    lease_until=datetime.now(UTC) - timedelta(seconds=age - lease),
-                    deadline_s=3600,
+                    store.claim_row(
+                        merchant_id=merchant_id,
+                        key=key,
+                        fingerprint="f" * 64,
+                        request=json.dumps(body()),
+                        terminal_id="T-0001",
+                        now=datetime.now(UTC) - timedelta(seconds=age),
+                        lease_until=datetime.now(UTC) - timedelta(seconds=age - lease),
+                        deadline_s=3600,
+                    ),
                 )
         finally:
             await engine.dispose()
