@@ -12,6 +12,10 @@ against the baseline, side by side in one run.
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import shutil
+import tempfile
 
 from fastapi import APIRouter, FastAPI
 
@@ -44,6 +48,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # As `idempay serve` does: /metrics sums every worker's counters (the bench reads
+        # the group commit's writes per commit from them), not one worker's at random.
+        folder = tempfile.mkdtemp(prefix="idempay-bench-metrics-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
     uvicorn.run(
         "loadtest._bench_app:app_factory",
         factory=True,
