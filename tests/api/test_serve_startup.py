@@ -26,9 +26,8 @@ from api.cli import (
 from api.config import Settings
 from idempay_tools.serve_process import ServerProcess
 from tests.support.backend import FAST_ENV, Backend
-from tests.support.services import ROOT, clean_redis_prefix, shared_redis_prefix
+from tests.support.services import ROOT, SHARED_REDIS, shared_redis_env
 
-SHARED_REDIS = "redis://127.0.0.1:6379/0"
 OWN_SECRET = "s" * 48
 
 
@@ -62,11 +61,8 @@ def _started(
 
 @pytest.fixture
 def redis_env() -> Iterator[dict[str, str]]:
-    prefix = shared_redis_prefix()
-    try:
-        yield {"IDEMPAY_REDIS_URL": SHARED_REDIS, "IDEMPAY_REDIS_PREFIX": prefix}
-    finally:
-        clean_redis_prefix(SHARED_REDIS, prefix)
+    with shared_redis_env() as env:
+        yield env
 
 
 def test_loopback_is_told_from_other_binds() -> None:

@@ -3,9 +3,10 @@ the one launcher), and idempay servers as real uvicorn processes on 127.0.0.1.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from idempay_tools.private_services import (
@@ -67,6 +68,9 @@ class Server(ServerProcess):
         raise AssertionError("unreachable")
 
 
+SHARED_REDIS = "redis://127.0.0.1:6379/0"
+
+
 def shared_redis_prefix() -> str:
     """A key prefix private to this test run on the machine's shared Redis."""
     return f"idempay-test-{worker_tag()}-{os.getpid()}-{uuid.uuid4().hex[:6]}:"
@@ -82,3 +86,14 @@ def clean_redis_prefix(url: str, prefix: str) -> None:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def shared_redis_env() -> Iterator[dict[str, str]]:
+    """The server environment for the machine's shared Redis under a key prefix private to
+    this test; the prefix's keys are deleted after."""
+    prefix = shared_redis_prefix()
+    try:
+        yield {"IDEMPAY_REDIS_URL": SHARED_REDIS, "IDEMPAY_REDIS_PREFIX": prefix}
+    finally:
+        clean_redis_prefix(SHARED_REDIS, prefix)

@@ -4,16 +4,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.services import clean_redis_prefix, shared_redis_prefix
+from tests.support.services import SHARED_REDIS, shared_redis_env
 
-SHARED_REDIS = "redis://127.0.0.1:6379/0"
+__all__ = ["SHARED_REDIS"]  # the redis tests import it from here
 
 
 @pytest.fixture
 def shared_redis() -> Iterator[dict[str, str]]:
     """The machine's Redis with a key prefix private to this test; cleaned up after."""
-    prefix = shared_redis_prefix()
-    try:
-        yield {"IDEMPAY_REDIS_URL": SHARED_REDIS, "IDEMPAY_REDIS_PREFIX": prefix}
-    finally:
-        clean_redis_prefix(SHARED_REDIS, prefix)
+    with shared_redis_env() as env:
+        yield env

@@ -19,9 +19,8 @@ from limits import parse
 from tests.api.security.conftest import KeptApi
 from tests.support.backend import Backend
 from tests.support.client import assert_problem, body, new_key
-from tests.support.services import Server, clean_redis_prefix, shared_redis_prefix
+from tests.support.services import Server, shared_redis_env
 
-SHARED_REDIS = "redis://127.0.0.1:6379/0"
 ATTACKER = "203.0.113.7"
 
 
@@ -45,11 +44,8 @@ def _create(client: httpx.Client, api_key: str, address: str) -> httpx.Response:
 
 @pytest.fixture
 def redis_env() -> Iterator[dict[str, str]]:
-    prefix = shared_redis_prefix()
-    try:
-        yield {"IDEMPAY_REDIS_URL": SHARED_REDIS, "IDEMPAY_REDIS_PREFIX": prefix}
-    finally:
-        clean_redis_prefix(SHARED_REDIS, prefix)
+    with shared_redis_env() as env:
+        yield env
 
 
 def test_lockout_reproduction_leaves_the_victims_at_zero_429(
