@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from api.errors import IdempotencyKeyInvalidError, IdempotencyKeyMissingError
+from api.jsonfast import compact
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -45,7 +45,7 @@ def parse_uuid(raw: str, *, allow_quotes: bool = False) -> str:
 
 def fingerprint(canonical_body: dict[str, Any]) -> str:
     """sha256 of the canonical JSON body (validated, defaults applied, keys sorted)."""
-    text = json.dumps(canonical_body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = compact(canonical_body, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

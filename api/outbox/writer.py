@@ -9,7 +9,6 @@ a merchant (measured: Postgres ran the create's SQL at 0.22× the speed with it)
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -19,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api import deferred
 from api.db import iso
+from api.jsonfast import compact
 from api.models import OutboxEvent
 
 _INSERT = insert(OutboxEvent)
@@ -51,7 +51,7 @@ def new_event(
         "merchant_id": merchant_id,
         "type": event_type,
         "transaction_id": transaction_id,
-        "payload": json.dumps(payload, separators=(",", ":")),
+        "payload": compact(payload),
         "created_at": now,
     }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,29 +11,13 @@ from sqlalchemy import Row, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from api import deferred
+from api.jsonfast import compact
 from api.models import LedgerEntry, Transaction
 
 
-def _not_json(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-# json.dumps(…, separators=(",", ":")) builds an encoder per call; the C encoder built once
-# gives the same bytes (ASCII-escaped strings, floats by repr) for a third of the cost.
-_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)  # None without the _json module
-_ENCODE = (
-    _C_ENCODER(None, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",", False,
-               False, True)
-    if _C_ENCODER is not None
-    else None
-)  # fmt: skip
-
-
 def dumps(value: Any) -> str:
-    """``json.dumps(value, separators=(",", ":"))``, byte for byte (acyclic values only)."""
-    if _ENCODE is None:
-        return json.dumps(value, separators=(",", ":"))
-    return "".join(_ENCODE(value, 0))
+    """``json.dumps(value, separators=(",", ":"))``, byte for byte (``api.jsonfast``)."""
+    return compact(value)
 
 
 @dataclass(frozen=True, slots=True)
