@@ -20,7 +20,7 @@ import pkgutil
 import re
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -33,7 +33,8 @@ import api.transactions
 from api.auth import create_api_key
 from api.config import Settings
 from api.errors import TITLES
-from tests.support.asgi import asgi_client, migrated_sqlite, running_app
+from tests.support import asgi
+from tests.support.asgi import migrated_sqlite
 from tests.support.backend import Backend
 from tests.support.chromium import FLAGS, ensure_chromium
 
@@ -47,22 +48,12 @@ BY_ID = {
 AUTHENTICATED = {CREATE, ("/v1/transactions", "get"), *BY_ID}
 METHODS = {"get", "post", "put", "patch", "delete"}
 
+app, http = asgi.app, asgi.http  # the fixtures, on asgi_settings
+
 
 @pytest.fixture(scope="module")
-def sqlite_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+def asgi_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return migrated_sqlite(tmp_path_factory.mktemp("openapi") / "var")
-
-
-@pytest.fixture(scope="module")
-async def app(sqlite_settings: Settings) -> AsyncIterator[FastAPI]:
-    async with running_app(sqlite_settings) as application:
-        yield application
-
-
-@pytest.fixture(scope="module")
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(app) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ tests/api/transactions runs the same paths against real servers on both backends
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,8 @@ from fastapi import FastAPI
 
 from api.auth import create_api_key
 from api.config import Settings
-from tests.support.asgi import asgi_client, migrated_sqlite, running_app
+from tests.support import asgi
+from tests.support.asgi import migrated_sqlite
 from tests.support.client import assert_problem, body, card, new_key
 
 TRANSACTIONS = "/v1/transactions"
@@ -59,23 +59,13 @@ class Merchant:
         return await self.http.post(f"{TRANSACTIONS}/{key}/reversal", headers=self.headers())
 
 
+app, http = asgi.app, asgi.http  # the fixtures, on asgi_settings
+
+
 @pytest.fixture(scope="module")
-def sqlite_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+def asgi_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """A migrated SQLite file of this module's own."""
     return migrated_sqlite(tmp_path_factory.mktemp("asgi") / "var")
-
-
-@pytest.fixture(scope="module")
-async def app(sqlite_settings: Settings) -> AsyncIterator[FastAPI]:
-    """The app with its lifespan running, as uvicorn would run it."""
-    async with running_app(sqlite_settings) as application:
-        yield application
-
-
-@pytest.fixture(scope="module")
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(app) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

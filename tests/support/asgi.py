@@ -1,6 +1,9 @@
 """The app in the test's own process, as uvicorn would run it (lifespan included), and an
 httpx client that calls it over ASGI: the fast lane's way to send real HTTP requests
-without a server process (tests/api/test_router_asgi.py, tests/api/guard)."""
+without a server process (tests/api/test_router_asgi.py, tests/api/guard).
+
+A module gets the ``app`` and ``http`` fixtures by importing them from here and defining an
+``asgi_settings`` fixture (module scope) for the app's settings."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 
 from api.config import Settings
@@ -48,4 +52,18 @@ async def running_app(settings: Settings) -> AsyncIterator[FastAPI]:
 async def asgi_client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def app(asgi_settings: Settings) -> AsyncIterator[FastAPI]:
+    """The app on the module's ``asgi_settings``, its lifespan running for the module."""
+    async with running_app(asgi_settings) as application:
+        yield application
+
+
+@pytest.fixture(scope="module")
+async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client that calls ``app`` over ASGI."""
+    async with asgi_client(app) as client:
         yield client

@@ -8,7 +8,7 @@ first request (the setting comes with the API key, cached a minute per process).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ from api.auth import create_api_key
 from api.config import Settings
 from api.migrate import migrate
 from api.transactions.guard import set_window
-from tests.support.asgi import UNLIMITED, asgi_client, running_app
+from tests.support import asgi
+from tests.support.asgi import UNLIMITED
 from tests.support.client import body
 from tests.support.eventually import eventually_async
 from tests.support.services import create_database, drop_database, pg_url
@@ -149,16 +150,13 @@ def guard_settings(
             drop_database(name)
 
 
-@pytest.fixture(scope="module")
-async def app(guard_settings: Settings) -> AsyncIterator[FastAPI]:
-    async with running_app(guard_settings) as application:
-        yield application
+app, http = asgi.app, asgi.http  # the fixtures, on asgi_settings
 
 
 @pytest.fixture(scope="module")
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(app) as client:
-        yield client
+def asgi_settings(guard_settings: Settings) -> Settings:
+    """The settings of tests.support.asgi's ``app`` fixture."""
+    return guard_settings
 
 
 async def new_merchant(app: FastAPI, http: httpx.AsyncClient, window: int | None) -> Merchant:
