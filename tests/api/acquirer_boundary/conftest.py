@@ -24,7 +24,7 @@ from api.acquirer.host import store
 from api.acquirer.host.process import AcquirerProcess
 from api.acquirer.messages import rrn_for
 from tests.support.backend import Backend
-from tests.support.client import Api
+from tests.support.client import Api, new_key
 from tests.support.eventually import eventually
 from tests.support.services import Server
 
@@ -161,6 +161,16 @@ class Rig:
         )
         assert found is not None
         return found
+
+    def in_doubt_key(self, api: Api) -> str:
+        """A new key created while the acquirer drops every answer: its 0200 received (and
+        decided) there, the answer lost; the acquirer answers again after."""
+        self.acquirer.control(drop_answer=1.0)
+        key = new_key()
+        api.create(key)
+        self.received(key)
+        self.acquirer.control(drop_answer=0.0)
+        return key
 
     def messages(self, key: str) -> list[dict[str, object]]:
         return store.messages(self.acquirer.store, rrn=self.rrn(key))

@@ -49,11 +49,7 @@ def test_abort_racing_the_0210_fences_and_the_late_approval_is_undone(rig: Rig) 
 def test_reversal_of_an_in_doubt_key_is_not_reversible_and_sends_nothing(rig: Rig) -> None:
     server = rig.server()
     api = rig.api(server)
-    rig.acquirer.control(drop_answer=1.0)
-    key = new_key()
-    api.create(key)
-    rig.received(key)
-    rig.acquirer.control(drop_answer=0.0)
+    key = rig.in_doubt_key(api)
     assert rig.settled(api, key)["decline_reason"] == TIMEOUT
     assert_problem(api.reverse(key), 422, "not_reversible")
     assert rig.acknowledged(key)["kind"] == "timeout"  # its own advice, not a reversal's
@@ -116,11 +112,7 @@ def test_in_doubt_advice_names_the_original_stan(sqlite_rig: Rig) -> None:
     rig = sqlite_rig
     server = rig.server()
     api = rig.api(server)
-    rig.acquirer.control(drop_answer=1.0)
-    key = new_key()
-    api.create(key)
-    rig.received(key)
-    rig.acquirer.control(drop_answer=0.0)
+    key = rig.in_doubt_key(api)
     rig.settled(api, key)
     advice = rig.acknowledged(key)
     (sent,) = [m for m in rig.messages(key) if m["mti"] == "0200"]

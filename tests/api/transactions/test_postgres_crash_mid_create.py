@@ -25,15 +25,12 @@ approvals are exactly the approved transactions.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
-from idempay_tools.private_services import PrivatePostgres
 from tests.api.transactions.truthful_answers import (
     Sent,
     assert_acquirer,
@@ -44,8 +41,8 @@ from tests.api.transactions.truthful_answers import (
     response_summary,
     wait_settled,
 )
-from tests.support.backend import Backend
 from tests.support.client import body, post_create
+from tests.support.private_cluster import private_cluster
 
 pytestmark = pytest.mark.server
 
@@ -53,15 +50,7 @@ CLIENTS = 16
 
 
 def test_postgres_crash_while_creating(tmp_path: Path) -> None:
-    # The cluster lives outside pytest's base temp dir: another pytest session on the machine
-    # sets that back to 0700, and the postgres user then cannot reopen its files on recovery.
-    root = Path(tempfile.mkdtemp(prefix="idempay-pgcrash-"))
-    root.chmod(0o711)
-    pg = PrivatePostgres(root).init()
-    pg.start()
-    backend = Backend("postgres", pg.url, tmp_path)
-    try:
-        backend.migrate()
+    with private_cluster("idempay-pgcrash-", tmp_path) as (pg, backend):
         server = backend.server(IDEMPAY_DB_TIMEOUT="1")
         name = "pg-crash-creates"
         api_key, merchant = new_merchant(backend, name)
@@ -106,7 +95,3 @@ def test_postgres_crash_while_creating(tmp_path: Path) -> None:
         stored = {(r[0], r[1]) for r in backend.sql('SELECT merchant_id, id FROM "transaction"')}
         assert stored == idents  # every key sent ends processed (after the retries), once
         assert_acquirer(backend, idents)
-    finally:
-        backend.stop_all()
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)

@@ -17,8 +17,6 @@ none twice.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -32,6 +30,7 @@ from idempay_tools._chaos_pgkill import How, create_backends, cut_create_backend
 from idempay_tools.private_services import PrivatePostgres
 from tests.support.backend import Backend
 from tests.support.client import body
+from tests.support.private_cluster import private_cluster
 
 pytestmark = pytest.mark.server
 
@@ -71,19 +70,8 @@ class _Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[_Cluster]:
-    # Outside pytest's base temp dir: the postgres user must reach it on recovery.
-    root = Path(tempfile.mkdtemp(prefix="idempay-uo-pg-"))
-    root.chmod(0o711)
-    pg = PrivatePostgres(root).init()
-    pg.start()
-    backend = Backend("postgres", pg.url, tmp_path)
-    try:
-        backend.migrate()
+    with private_cluster("idempay-uo-pg-", tmp_path) as (pg, backend):
         yield _Cluster(pg, backend)
-    finally:
-        backend.stop_all()
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _server(cluster: _Cluster) -> tuple[str, str]:
