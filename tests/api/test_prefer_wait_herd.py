@@ -7,14 +7,12 @@ pool and timing out into 503 (``IDEMPAY_DB_TIMEOUT``) — issue 17 asks the wait
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import httpx
 import pytest
 
 from tests.support.backend import Backend
-from tests.support.client import Api, body, card, new_key
-from tests.support.eventually import eventually
+from tests.support.client import Api, new_key, slow_create_in_flight
 
 pytestmark = pytest.mark.slow
 
@@ -45,13 +43,7 @@ def test_a_herd_of_waiters_on_a_small_pool_is_answered_without_503(backend: Back
     try:
         api = Api(server.url, backend.api_key("merchant-wait-herd"))
         key = new_key()
-
-        created: list[httpx.Response] = []
-        original = threading.Thread(
-            target=lambda: created.append(api.create(key, body(card=card("tok_issuer_slow"))))
-        )
-        original.start()
-        eventually(lambda: api.lookup(key).status_code == 202, what="the key in flight")
+        original, created = slow_create_in_flight(api, key)
         answers = asyncio.run(_herd(api, key))
         original.join(30)
         # under the herd the original may outlive IDEMPAY_ANSWER_WITHIN: 202, and the server

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from tests.support.eventually import eventually
 
 CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 
@@ -89,3 +92,19 @@ def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str
     assert problem["type"] and problem["title"] and problem["detail"]
     assert response.headers.get("x-request-id")
     return problem  # type: ignore[no-any-return]
+
+
+def slow_create_in_flight(
+    api: Api, key: str, *, seen_by: Api | None = None
+) -> tuple[threading.Thread, list[httpx.Response]]:
+    """``key``'s create with tok_issuer_slow sent by ``api`` on a thread of its own, once
+    ``seen_by`` (``api`` by default) looks it up in flight (202): the thread, and the list
+    its answer lands in."""
+    created: list[httpx.Response] = []
+    original = threading.Thread(
+        target=lambda: created.append(api.create(key, body(card=card("tok_issuer_slow"))))
+    )
+    original.start()
+    looking = seen_by or api
+    eventually(lambda: looking.lookup(key).status_code == 202, what="the key in flight")
+    return original, created

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -97,3 +99,19 @@ def shared_redis_env() -> Iterator[dict[str, str]]:
         yield {"IDEMPAY_REDIS_URL": SHARED_REDIS, "IDEMPAY_REDIS_PREFIX": prefix}
     finally:
         clean_redis_prefix(SHARED_REDIS, prefix)
+
+
+def api_command(
+    args: list[str], env: Mapping[str, str], *, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``python -m api <args>`` from the repository in a process of its own, ``env`` on top of
+    this process's environment, run to its end (bounded by ``timeout``), output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "api", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

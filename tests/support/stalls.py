@@ -190,3 +190,11 @@ async def admin(backend: Backend) -> AsyncIterator[asyncpg.Connection]:
         yield conn
     finally:
         await conn.close()
+
+
+def assert_refused_per_contract(answer: httpx.Response) -> None:
+    """A create cut short by the server's shutdown, answered per contract: 409 (in flight) or
+    503 (nothing processed), a problem document, its Idempotency-Status set."""
+    assert answer.status_code in (409, 503), (answer.status_code, answer.text)
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert answer.headers.get("Idempotency-Status") is not None

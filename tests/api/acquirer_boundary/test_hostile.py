@@ -16,8 +16,9 @@ from api.acquirer.messages import Request, answer
 from tests.api.acquirer.fake_acquirer import FakeAcquirer, Peer, approve
 from tests.api.acquirer_boundary.conftest import Rig
 from tests.api.acquirer_boundary.fake import ThreadedFake
-from tests.support.client import body, card, new_key
+from tests.support.client import Api, body, card, new_key
 from tests.support.eventually import eventually
+from tests.support.services import Server
 
 TIMEOUT = "acquirer_timeout"
 _fakes: list[FakeAcquirer] = []  # the running fake, for the policy to find its connections
@@ -81,12 +82,18 @@ def fake() -> Iterator[ThreadedFake]:
         _fakes.clear()
 
 
-def test_forged_answers_are_never_taken_and_the_link_reconnects(
-    rig: Rig, fake: ThreadedFake
-) -> None:
+def _signed_on(rig: Rig, fake: ThreadedFake) -> tuple[Server, Api]:
+    """A server on the fake acquirer, once both its connections signed on, and its API."""
     server = rig.server(acquirer_url=fake.url)
     api = rig.api(server)
     eventually(fake.sign_ons, what="both connections signed on", until=lambda n: n >= 2)
+    return server, api
+
+
+def test_forged_answers_are_never_taken_and_the_link_reconnects(
+    rig: Rig, fake: ThreadedFake
+) -> None:
+    server, api = _signed_on(rig, fake)
     for token in FORGERIES:
         before = fake.sign_ons()
         key = new_key()
@@ -114,9 +121,7 @@ def test_forged_answers_are_never_taken_and_the_link_reconnects(
 def test_duplicate_0210_keeps_the_real_approval_and_resets_the_connection(
     rig: Rig, fake: ThreadedFake
 ) -> None:
-    server = rig.server(acquirer_url=fake.url)
-    api = rig.api(server)
-    eventually(fake.sign_ons, what="both connections signed on", until=lambda n: n >= 2)
+    server, api = _signed_on(rig, fake)
     before = fake.sign_ons()
     key = new_key()
     response = api.create(key, body(card=card("tok_forge_duplicate")))

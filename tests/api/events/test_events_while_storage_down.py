@@ -149,16 +149,23 @@ def _server_through(hop: TcpHop, backend: Backend) -> Iterator[Server]:
         server.stop()  # SIGTERM: the writer drains its queue (the database is back)
 
 
+@contextmanager
+def _client_through_a_hop(backend: Backend) -> Iterator[tuple[TcpHop, httpx.Client]]:
+    """A server whose database connections go through a TCP hop (to shut), and a client."""
+    with (
+        TcpHop().running() as hop,
+        _server_through(hop, backend) as server,
+        httpx.Client(base_url=server.url, timeout=30.0) as client,
+    ):
+        yield hop, client
+
+
 def test_a_create_answered_503_by_a_worker_that_knows_the_merchant_is_logged(
     private_pg_backend: Backend,
 ) -> None:
     api_key = private_pg_backend.api_key("chaos-probe")
     warm, down = str(uuid.uuid4()), str(uuid.uuid4())
-    with (
-        TcpHop().running() as hop,
-        _server_through(hop, private_pg_backend) as server,
-        httpx.Client(base_url=server.url, timeout=30.0) as client,
-    ):
+    with _client_through_a_hop(private_pg_backend) as (hop, client):
         assert _create(client, api_key, warm) == 201  # the worker caches the API key
         hop.shut()
         assert _create(client, api_key, down) == 503
@@ -174,11 +181,7 @@ def test_a_create_answered_503_before_the_merchant_was_known_has_no_event(
     cache entry's minute), the key lookup meets the outage, 503, no merchant, no event."""
     api_key = private_pg_backend.api_key("chaos-probe")
     down, after = str(uuid.uuid4()), str(uuid.uuid4())
-    with (
-        TcpHop().running() as hop,
-        _server_through(hop, private_pg_backend) as server,
-        httpx.Client(base_url=server.url, timeout=30.0) as client,
-    ):
+    with _client_through_a_hop(private_pg_backend) as (hop, client):
         hop.shut()
         assert _create(client, api_key, down) == 503  # answered: the probe counts it
         hop.open()

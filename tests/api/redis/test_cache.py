@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import shutil
 import subprocess
-import sys
 import threading
 import uuid
 from collections import Counter
@@ -23,7 +21,7 @@ from tests.support.backend import Backend
 from tests.support.client import Api, assert_problem, body, card, new_key
 from tests.support.eventually import eventually
 from tests.support.forwarder import Forwarder
-from tests.support.services import ROOT, RedisServer, pg_url
+from tests.support.services import RedisServer, api_command, pg_url
 
 
 async def _mixed_load(api: Api, keys: list[str], rounds: int) -> Counter[int]:
@@ -172,14 +170,7 @@ def _restore(backend: Backend, where: Path) -> None:
 
 
 def _new_epoch(backend: Backend, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "api", "admin", "new-epoch"],
-        cwd=ROOT,
-        env={**os.environ, **backend.env, **extra},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return api_command(["admin", "new-epoch"], {**backend.env, **extra}, timeout=60)
 
 
 def test_a_restored_database_is_never_contradicted_by_redis(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -76,6 +77,18 @@ def _a_key_in(a: KeptApi, state: str) -> str:
     return key
 
 
+@contextmanager
+def _a_key_untouched(deployment: Deployment, a: KeptApi, state: str) -> Iterator[str]:
+    """A key of merchant A in ``state``; after the block (B's requests on it), A's lookup
+    answers the same and A's ledger holds the same rows."""
+    key = _a_key_in(a, state)
+    a_view, ledger = a.lookup(key), _ledger(deployment, a.api_key, key)
+    yield key
+    after = a.lookup(key)
+    assert (after.status_code, after.text) == (a_view.status_code, a_view.text)
+    assert _ledger(deployment, a.api_key, key) == ledger
+
+
 STATES = ["approved", "declined", "reversed", "aborted"]
 
 
@@ -84,12 +97,8 @@ def test_other_merchant_lookup_and_reversal_answer_exactly_as_for_an_unknown_key
     deployment: Deployment, tenants: Tenants, state: str
 ) -> None:
     a, b = tenants
-    key = _a_key_in(a, state)
-    a_view, ledger = a.lookup(key), _ledger(deployment, a.api_key, key)
-    _compare_lookup_and_reversal(b, key)
-    after = a.lookup(key)
-    assert (after.status_code, after.text) == (a_view.status_code, a_view.text)
-    assert _ledger(deployment, a.api_key, key) == ledger
+    with _a_key_untouched(deployment, a, state) as key:
+        _compare_lookup_and_reversal(b, key)
 
 
 @pytest.mark.parametrize("state", STATES)
@@ -97,18 +106,14 @@ def test_other_merchant_abort_fences_only_its_own_key(
     deployment: Deployment, tenants: Tenants, state: str
 ) -> None:
     a, b = tenants
-    key = _a_key_in(a, state)
-    a_view, ledger = a.lookup(key), _ledger(deployment, a.api_key, key)
-    unknown = new_key()
-    fenced, fenced_unknown = b.abort(key), b.abort(unknown)
-    assert fenced.status_code == fenced_unknown.status_code == 200
-    assert fenced.json() == {"id": key, "status": "aborted"}  # B's own (B, key), fenced now
-    assert fenced_unknown.json() == {"id": unknown, "status": "aborted"}
-    assert fenced.headers["idempotency-status"] == fenced_unknown.headers["idempotency-status"]
-    assert stable_headers(fenced).keys() == stable_headers(fenced_unknown).keys()
-    after = a.lookup(key)  # A's side: the same answer, the same ledger
-    assert (after.status_code, after.text) == (a_view.status_code, a_view.text)
-    assert _ledger(deployment, a.api_key, key) == ledger
+    with _a_key_untouched(deployment, a, state) as key:  # A's side: the same answer, ledger
+        unknown = new_key()
+        fenced, fenced_unknown = b.abort(key), b.abort(unknown)
+        assert fenced.status_code == fenced_unknown.status_code == 200
+        assert fenced.json() == {"id": key, "status": "aborted"}  # B's own (B, key), fenced
+        assert fenced_unknown.json() == {"id": unknown, "status": "aborted"}
+        assert fenced.headers["idempotency-status"] == fenced_unknown.headers["idempotency-status"]
+        assert stable_headers(fenced).keys() == stable_headers(fenced_unknown).keys()
     assert_problem(b.create(key), 410, "transaction_aborted")  # fenced for B only
     assert_problem(b.lookup(key), 410, "transaction_aborted")
     if state == "approved":

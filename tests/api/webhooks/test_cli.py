@@ -4,17 +4,13 @@ the secret the command printed."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 from typer.testing import CliRunner, Result
 
 from api.cli import app
 from tests.support.backend import Backend
 from tests.support.client import Api, new_key
 from tests.support.receiver import Receiver
-from tests.support.services import ROOT
+from tests.support.services import api_command
 
 # the receivers are local: allowed explicitly (by default only public addresses are)
 ALLOW_LOOPBACK = {"IDEMPAY_WEBHOOK_ALLOW_PRIVATE": "127.0.0.0/8"}
@@ -49,15 +45,8 @@ def test_register_deliver_list_and_remove(private_backend: Backend) -> None:
             assert Api(server.url, api_key).create(key).status_code == 201
         finally:
             server.stop()
-        sent = subprocess.run(  # a process of its own: the command configures logging
-            [sys.executable, "-m", "api", "webhooks", "--once"],
-            cwd=ROOT,
-            env={**os.environ, **backend.env, **ALLOW_LOOPBACK},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        # a process of its own: the command configures logging
+        sent = api_command(["webhooks", "--once"], {**backend.env, **ALLOW_LOOPBACK}, timeout=120)
         assert sent.returncode == 0 and "attempted 1" in sent.stdout, sent.stderr
     assert receiver.bad_signatures == 0
     assert [(e["type"], e["transaction_id"]) for e in receiver.events] == [
