@@ -37,6 +37,7 @@ from api.db import atomic, utcnow
 from api.errors import ServiceUnavailableError
 from api.events.writer import RequestOutcome
 from api.idempotency import store
+from api.idempotency.store import KeyState
 from api.metrics import ACQUIRER_IN_DOUBT, ACQUIRER_LATE_ANSWERS, IN_FLIGHT
 from api.storage_errors import storage_unavailable
 from api.transactions.outcome import IdempotencyStatus, Outcome, from_error
@@ -272,10 +273,14 @@ async def _write_ending(
     await service.cache.clear_busy(merchant_id, key)
     text: str | None = None
 
+    # One work for every attempt: its stored response (``finish.text``) tells, after an
+    # attempt whose end was unseen, whether the key was completed by us.
+    finish = service.finish_work(merchant_id, key, body, auth, token, created_at)
+
     async def ending(conn: AsyncConnection) -> str | None:
-        """Phase 3 (or the in-doubt settlement with its 0420), in a batch of finishes."""
-        written = await service.finish(conn, merchant_id, key, body, auth, token, created_at)
-        if written is not None and in_doubt:
+        """The in-doubt settlement with its 0420, in a batch of finishes."""
+        written = await finish(conn)
+        if written is not None:
             await queue_advice(
                 service,
                 conn,
@@ -288,14 +293,11 @@ async def _write_ending(
             )
         return written
 
+    # The common finish as a ``Finish`` (a batch of them completes its keys together); the
+    # in-doubt settlement with its 0420 as a work of its own.
+    work = ending if in_doubt else finish
+    unseen = False  # an attempt failed after it may have committed
     for attempt in range(WRITE_ATTEMPTS):
-        # The common finish as a ``Finish`` (a batch of them completes its keys together);
-        # the in-doubt settlement with its 0420 as a work of its own.
-        work = (
-            ending
-            if in_doubt
-            else service.finish_work(merchant_id, key, body, auth, token, created_at)
-        )
         try:
             text = await service.finishes.run(work, partition=service.partition_of(merchant_id))
             break
@@ -305,8 +307,11 @@ async def _write_ending(
                 # The key stays processing: its lease runs out and the completer settles it
                 # in doubt (declined + reversal advice). The terminal looks it up.
                 return service.processing(key, body.terminal_id, event)
+            unseen = True
             await asyncio.sleep(0.25 * 2**attempt)
     await service.refresh_epoch()
+    if text is None and unseen:  # the lease gone: perhaps to our own earlier attempt
+        text = await _ours_after_unseen_end(service, merchant_id, key, finish.text)
     if text is None:  # the lease was taken over meanwhile (the completer, an abort)
         if not in_doubt:
             ACQUIRER_LATE_ANSWERS.inc()  # its settlement queued the advice that undoes it
@@ -316,6 +321,24 @@ async def _write_ending(
     )
     await service.remember(merchant_id, key, service.fingerprint_of(body), outcome)
     return outcome
+
+
+async def _ours_after_unseen_end(
+    service: TransactionService, merchant_id: str, key: str, text: str
+) -> str | None:
+    """After a finish whose COMMIT's answer was lost, a retry finds the lease gone: the key
+    is ours if it stores our very response (the body names its processing time to the
+    microsecond: no other owner's settlement writes the same text). ``text`` then, else
+    None (taken over by someone else, or unreadable now)."""
+    try:
+        record = await service.read(merchant_id, key)
+    except Exception as exc:
+        if not storage_unavailable(exc):
+            raise
+        return None
+    if record is not None and record.state == KeyState.COMPLETED and record.response_body == text:
+        return text
+    return None
 
 
 async def queue_advice(

@@ -1,10 +1,9 @@
 """A batch of finishes commits and its connection is lost before the COMMIT's answer
 arrives (``acquire._write_ending`` retries, ``WRITE_ATTEMPTS``): the retry finds the lease
-gone and writes nothing — but the request whose own finish committed is then answered as a
-replay (``answer_after_lost_lease``: 201 + ``Idempotent-Replayed``, request-event outcome
-``replayed``, ``acquirer_late_answers`` counted), though it is the key's first and only
-create: contract §2 keeps ``Idempotent-Replayed`` for "same key, same payload, already
-processed" and §5 counts it as a duplicate request."""
+gone and writes nothing, reads the key, finds its own stored response and answers 201
+``created`` — not a replay (``Idempotent-Replayed``, request-event outcome ``replayed``, a
+late answer counted), which contract §2 keeps for "same key, same payload, already processed"
+and §5 counts as a duplicate request."""
 
 from __future__ import annotations
 
@@ -54,12 +53,6 @@ def lose_first_finish_acknowledgement(service: TransactionService) -> None:
     service.finishes.run = run  # type: ignore[method-assign]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a finish whose COMMIT ack was lost is retried, finds its own committed result "
-    "and answers it as a replay (Idempotent-Replayed, outcome replayed, a late answer "
-    "counted) to the key's first and only create",
-)
 async def test_a_finish_whose_commit_ack_was_lost_answers_created(
     service: TransactionService,
 ) -> None:
@@ -93,7 +86,7 @@ async def test_a_finish_whose_commit_ack_was_lost_answers_created(
         ).one()
     assert tuple(counts) == (1, 1, 1)
     assert outcome.status == 201
-    # What breaks: the request that created the transaction is told it was a replay.
+    # The request that created the transaction is told so, not that it was a replay.
     assert outcome.event == RequestOutcome.CREATED
     assert outcome.idempotency_status == IdempotencyStatus.CREATED
     assert "Idempotent-Replayed" not in outcome.headers
