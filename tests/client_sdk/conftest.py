@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from client_sdk import AsyncClient, Client
+from client_sdk import AsyncClient, Client, Journal
 
 # the helpers next to this file import the same way under any pytest import mode
 sys.path.insert(0, str(Path(__file__).parent))
@@ -64,6 +65,20 @@ def clock() -> FakeClock:
 @pytest.fixture
 def journal_path(tmp_path: Path) -> Path:
     return tmp_path / "pos.db"
+
+
+@pytest.fixture
+def older_journal(journal_path: Path) -> Callable[[str], Journal]:
+    """Opens the journal at ``journal_path`` after an older SDK's ``schema`` (its SQL
+    script) wrote the file: what an upgrade of the SDK finds."""
+
+    def open_after(schema: str) -> Journal:
+        db = sqlite3.connect(journal_path)
+        db.executescript(schema)
+        db.close()
+        return Journal(journal_path)
+
+    return open_after
 
 
 @pytest.fixture

@@ -6,15 +6,15 @@ The integration tests check contract §8 with these queries, independently of
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from api.auth import hash_key
-from client_sdk import Journal, JournalEntry
+from client_sdk import Client, Journal, JournalEntry
 from tests.support.backend import Backend
+from tests.support.eventually import eventually
 
 _T = TypeVar("_T")
 
@@ -75,6 +75,22 @@ class Merchant:
         )
         return [(row[0], int(row[1]), row[2]) for row in rows]
 
+    def create_events_of_a_retry(self, key: str) -> list[tuple[str, int]]:
+        """(outcome, http_status) of ``key``'s creates once the server saw two or more (a
+        refused one and its resend), within 10 s."""
+        return wait_for(
+            lambda: (
+                [e[:2] for e in self.create_events(key)][1:]
+                and [e[:2] for e in self.create_events(key)]
+            ),
+            timeout=10,
+            what="both create events",
+        )
+
+    def client(self, url: str, terminal_id: str, journal: Path, **options: Any) -> Client:
+        """The SDK's client of this merchant on ``url``: ``options`` as ``Client`` takes them."""
+        return Client(url, self.api_key, terminal_id=terminal_id, journal=journal, **options)
+
 
 def journal_entries(path: Path) -> list[JournalEntry]:
     with Journal(path) as journal:
@@ -82,11 +98,7 @@ def journal_entries(path: Path) -> list[JournalEntry]:
 
 
 def wait_for(probe: Callable[[], _T | None], *, timeout: float, what: str) -> _T:
-    """Poll ``probe`` every 50 ms until it returns something truthy (bounded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    """Poll ``probe`` (every 50 ms at most) until it returns something truthy (bounded)."""
+    found = eventually(probe, what=what, timeout=timeout, interval=0.05)
+    assert found  # eventually returns only a truthy value
+    return found

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from integration_db import Merchant
 
-from client_sdk import Client, NotFoundError
+from client_sdk import NotFoundError
 from tests.support.backend import Backend
 from tests.support.services import Server
 
@@ -38,12 +38,8 @@ def test_a_terminal_booting_with_its_clock_off_sells_its_very_first_payment(
     3 min behind → 410 request_expired (expires_at in the past), 15 min ahead → 422
     clock_skew (the make chaos run saw it on each reboot), 40 days behind → 410."""
     merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
-    with Client(
-        pg_server.url,
-        merchant.api_key,
-        terminal_id="T-SKEW",
-        journal=tmp_path / "pos.db",
-        clock=lambda: time.time() + skew_s,
+    with merchant.client(
+        pg_server.url, "T-SKEW", tmp_path / "pos.db", clock=lambda: time.time() + skew_s
     ) as pos:
         assert pos.clock_offset_s is None
         first = pos.purchase(amount=1000, currency="BRL", card=CARD, deadline_s=30)
@@ -64,12 +60,8 @@ def test_a_terminal_clock_ahead_sends_every_time_on_the_servers_clock(
     """contract §4: captured_at, expires_at and the UUIDv7 time all follow the learned offset
     (the server refuses a captured_at or key time too far ahead: 422 clock_skew)."""
     merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
-    with Client(
-        pg_server.url,
-        merchant.api_key,
-        terminal_id="T-AHEAD",
-        journal=tmp_path / "pos.db",
-        clock=lambda: time.time() + 600.0,
+    with merchant.client(
+        pg_server.url, "T-AHEAD", tmp_path / "pos.db", clock=lambda: time.time() + 600.0
     ) as pos:
         with pytest.raises(NotFoundError):  # any answer teaches the SDK the server's clock
             pos.lookup(str(uuid.uuid4()))
@@ -92,12 +84,8 @@ def test_a_terminal_clock_forty_days_behind_sells_once_it_has_heard_the_server(
     """Issue 14 item 6: captured_at used to be the raw device clock — 40 days old, past
     the retention window — so every payment was fenced as expired."""
     merchant = Merchant.create(pg_backend, f"skew-{uuid.uuid4().hex[:8]}")
-    with Client(
-        pg_server.url,
-        merchant.api_key,
-        terminal_id="T-BEHIND",
-        journal=tmp_path / "pos.db",
-        clock=lambda: time.time() - 40 * 86_400.0,
+    with merchant.client(
+        pg_server.url, "T-BEHIND", tmp_path / "pos.db", clock=lambda: time.time() - 40 * 86_400.0
     ) as pos:
         with pytest.raises(NotFoundError):
             pos.lookup(str(uuid.uuid4()))

@@ -66,12 +66,8 @@ def test_a_mangled_gzip_201_leaves_the_payment_in_doubt_and_it_is_resolved(
     pg_backend: Backend, pg_server: Server, tmp_path: Path, kind: str
 ) -> None:
     merchant = Merchant.create(pg_backend, f"gzip-{uuid.uuid4().hex[:8]}")
-    with Client(
-        pg_server.url,
-        merchant.api_key,
-        terminal_id="T-GZIP",
-        journal=tmp_path / "pos.db",
-        transport=Rewriting({"mangle_create": 1}),
+    with merchant.client(
+        pg_server.url, "T-GZIP", tmp_path / "pos.db", transport=Rewriting({"mangle_create": 1})
     ) as pos:
         pay = pos.purchase if kind == "purchase" else pos.refund
         result = pay(amount=4321, currency="BRL", card=CARD)

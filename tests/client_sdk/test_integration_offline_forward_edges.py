@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration_db import Merchant, wait_for
+from integration_db import Merchant
 from test_integration_offline import Link
 
 import client_sdk._base_client as base_client
@@ -294,14 +294,7 @@ def test_a_stored_sale_refused_for_clock_skew_is_restamped_once_whatever_its_sta
             restamp = entry.outcome["restamped"]
             assert abs(parse(restamp["to"]) - time.time()) < 60
         assert merchant.transactions()[sold.id] == "approved"
-        events = wait_for(
-            lambda: (
-                [e[:2] for e in merchant.create_events(sold.id)][1:]
-                and [e[:2] for e in merchant.create_events(sold.id)]
-            ),
-            timeout=10,
-            what="both create events",
-        )
+        events = merchant.create_events_of_a_retry(sold.id)
         assert events == [("rejected", 422), ("created", 201)]
         assert Api(server.url, merchant.api_key).lookup(sold.id).json()["offline"] is True
     finally:

@@ -64,12 +64,9 @@ def test_the_schema_version_is_stamped_and_a_newer_one_refused(journal_path: Pat
 
 
 def test_a_journal_from_before_versions_is_upgraded_keeping_its_entries(
-    journal_path: Path,
+    older_journal: Callable[[str], Journal],
 ) -> None:
-    db = sqlite3.connect(journal_path)
-    db.executescript(LEGACY_SCHEMA)
-    db.close()
-    with Journal(journal_path) as journal:
+    with older_journal(LEGACY_SCHEMA) as journal:
         [entry] = journal.unresolved()
         assert (entry.key, entry.state) == ("k-old", JournalState.IN_DOUBT)
         assert journal.claim("k-old", "1:a:b", now=0.0, hold_s=1.0) == entry

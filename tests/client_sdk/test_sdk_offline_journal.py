@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -107,12 +108,9 @@ PRAGMA user_version = 2;
 
 
 def test_a_version_2_journal_is_brought_up_keeping_its_entries_and_lease(
-    journal_path: Path,
+    journal_path: Path, older_journal: Callable[[str], Journal]
 ) -> None:
-    db = sqlite3.connect(journal_path)
-    db.executescript(V2_SCHEMA)
-    db.close()
-    with Journal(journal_path) as journal:
+    with older_journal(V2_SCHEMA) as journal:
         [entry] = journal.unresolved()
         assert (entry.key, entry.state, entry.attempts) == ("k-old", JournalState.IN_DOUBT, 2)
         _begin(journal, "k-new", _request())

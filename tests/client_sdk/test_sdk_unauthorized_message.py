@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ from client_sdk._exceptions import error_from_response
 CARD = {"token": "tok_visa_4242", "last4": "4242", "brand": "visa"}
 REVOKED = "idp_Zq3vX9revokedKeyForTheTestOnly0123456789ab"
 SERVER_DETAIL = unauthorized().detail
+_C = TypeVar("_C", Client, AsyncClient)
 
 
 def _refuse(request: httpx.Request) -> httpx.Response:
@@ -28,6 +30,17 @@ def _refuse(request: httpx.Request) -> httpx.Response:
         401,
         content=problem_body(error.status, error.code, error.detail),
         headers={"Content-Type": "application/problem+json", "X-Request-Id": "req_1"},
+    )
+
+
+def _refused(kind: type[_C], tmp_path: Path) -> _C:
+    """A client of ``kind`` with the revoked key, on a server that answers 401 to all."""
+    return kind(
+        "http://idempay.test",
+        REVOKED,
+        terminal_id="T-0001",
+        journal=tmp_path / "pos.db",
+        transport=httpx.MockTransport(_refuse),
     )
 
 
@@ -48,13 +61,7 @@ def test_the_server_detail_is_what_the_sdk_used_to_repeat() -> None:
 
 
 def test_a_purchase_and_a_lookup_name_the_refused_key(tmp_path: Path) -> None:
-    with Client(
-        "http://idempay.test",
-        REVOKED,
-        terminal_id="T-0001",
-        journal=tmp_path / "pos.db",
-        transport=httpx.MockTransport(_refuse),
-    ) as client:
+    with _refused(Client, tmp_path) as client:
         with pytest.raises(UnauthorizedError) as sale:
             client.purchase(amount=1250, currency="BRL", card=CARD)
         _assert_names_the_key(sale.value, REVOKED, "(idp_Zq3v…)")
@@ -86,13 +93,7 @@ def test_an_empty_or_truncated_key_is_called_what_it_is(
 
 def test_the_async_client_names_the_refused_key(tmp_path: Path) -> None:
     async def sell() -> UnauthorizedError:
-        async with AsyncClient(
-            "http://idempay.test",
-            REVOKED,
-            terminal_id="T-0001",
-            journal=tmp_path / "pos.db",
-            transport=httpx.MockTransport(_refuse),
-        ) as client:
+        async with _refused(AsyncClient, tmp_path) as client:
             try:
                 await client.purchase(amount=1250, currency="BRL", card=CARD)
             except UnauthorizedError as error:

@@ -138,15 +138,7 @@ def acquirer_sim(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Acq
     local[local.index("--store") + 1] = str(store)
     run_env = {**clean_environ(), **image_env(), **env}
     log = tmp_path / "acquirer.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            local,
-            env=run_env,
-            cwd=empty_workdir(tmp_path),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = _spawn(local, run_env, tmp_path, log)
     try:
         listening = eventually(
             lambda: re.search(r"listening on (iso8583://\S+)", log.read_text()),
@@ -188,6 +180,22 @@ def _local(argv: list[str], port: int) -> list[str]:
     local[local.index("--host") + 1] = "127.0.0.1"
     local[local.index("--port") + 1] = str(port)
     return local
+
+
+def _spawn(
+    argv: list[str], env: dict[str, str], tmp_path: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """``argv`` started in a session of its own, in an empty working folder, with ``env``
+    only, its output (stderr too) written to ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv,
+            env=env,
+            cwd=empty_workdir(tmp_path),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> httpx.Response:
@@ -247,15 +255,7 @@ def test_api_reaches_ready_as_deployed(
         "IDEMPAY_ACQUIRER_URL": acquirer_sim.url,
     }
     log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            _local(argv, port),
-            env=run_env,
-            cwd=empty_workdir(tmp_path),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = _spawn(_local(argv, port), run_env, tmp_path, log)
     try:
         base = f"http://127.0.0.1:{port}"
         ready = _wait_ready(proc, f"{base}{probes['readiness']}", log)

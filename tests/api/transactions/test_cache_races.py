@@ -93,42 +93,53 @@ async def _wait(event: asyncio.Event) -> None:
         await event.wait()
 
 
+def _racing(make_service: Any, where: str) -> tuple[Any, HeldCache, str, str, TransactionCreate]:
+    """A service whose cache holds its ``where`` write, and a new merchant, key and payment."""
+    service = make_service(where)
+    merchant, key, payment = f"mer_race_{uuid.uuid4().hex[:10]}", str(uuid.uuid4()), _payment()
+    return service, service.cache, merchant, key, payment
+
+
+async def _reversed_while_the_write_is_held(
+    service: Any, cache: HeldCache, merchant: str, key: str
+) -> None:
+    """Once the cache write is held (``cache.reached``), the key reversed; then the write
+    released."""
+    await _wait(cache.reached)
+    reversed_ = await resolution.reverse(service, merchant, key)
+    assert reversed_.status == 200 and b'"status":"reversed"' in reversed_.body
+    cache.release.set()
+
+
+async def _served_reversed(service: Any, merchant: str, key: str) -> None:
+    """A lookup now answers the reversed transaction (no stale "approved" from the cache)."""
+    after = await resolution.lookup(service, merchant, key)
+    assert after.status == 200
+    assert b'"status":"reversed"' in after.body, after.body
+
+
 async def test_a_lookup_cache_write_that_raced_a_reversal_never_serves_approved(
     make_service: Any,
 ) -> None:
-    service = make_service("lookup")
-    cache: HeldCache = service.cache
-    merchant, key, payment = f"mer_race_{uuid.uuid4().hex[:10]}", str(uuid.uuid4()), _payment()
+    service, cache, merchant, key, payment = _racing(make_service, "lookup")
     created = await service.create(merchant, key, payment, body_fingerprint(payment))
     assert created.status == 201
     await cache.drop_lookup(merchant, key)  # the next lookup fills the cache from the database
 
     lookup = asyncio.create_task(resolution.lookup(service, merchant, key))
-    await _wait(cache.reached)  # it read "approved" and is about to write it to Redis
-    reversed_ = await resolution.reverse(service, merchant, key)
-    assert reversed_.status == 200 and b'"status":"reversed"' in reversed_.body
-    cache.release.set()
+    # it read "approved" and is about to write it to Redis
+    await _reversed_while_the_write_is_held(service, cache, merchant, key)
     assert (await lookup).status == 200  # the lookup itself answered before the reversal
-
-    after = await resolution.lookup(service, merchant, key)
-    assert after.status == 200
-    assert b'"status":"reversed"' in after.body, after.body
+    await _served_reversed(service, merchant, key)
 
 
 async def test_the_creates_after_commit_write_that_raced_a_reversal_never_serves_approved(
     make_service: Any,
 ) -> None:
-    service = make_service("response")
-    cache: HeldCache = service.cache
-    merchant, key, payment = f"mer_race_{uuid.uuid4().hex[:10]}", str(uuid.uuid4()), _payment()
+    service, cache, merchant, key, payment = _racing(make_service, "response")
 
     create = asyncio.create_task(service.create(merchant, key, payment, body_fingerprint(payment)))
-    await _wait(cache.reached)  # committed "approved", about to remember it in Redis
-    reversed_ = await resolution.reverse(service, merchant, key)
-    assert reversed_.status == 200 and b'"status":"reversed"' in reversed_.body
-    cache.release.set()
+    # committed "approved", about to remember it in Redis
+    await _reversed_while_the_write_is_held(service, cache, merchant, key)
     assert (await create).status == 201
-
-    after = await resolution.lookup(service, merchant, key)
-    assert after.status == 200
-    assert b'"status":"reversed"' in after.body, after.body
+    await _served_reversed(service, merchant, key)
