@@ -8,15 +8,11 @@ released within about a second of another process settling the key — not held 
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-import httpx
-
 from tests.support.backend import Backend
-from tests.support.client import Api, body, card, new_key
-from tests.support.eventually import eventually
+from tests.support.client import Api, new_key, slow_create_in_flight
 
 SLOW_S = 2.0  # the acquirer's answer to tok_issuer_slow
 WAIT_S = 12  # well past the settle (~2 s): a waiter held to here was never released
@@ -37,12 +33,7 @@ def test_a_request_waiting_in_another_process_is_released_soon_after_the_settle(
         api_key = citus_db.api_key("citus-wait")
         here, there = Api(settling.url, api_key), Api(waiting.url, api_key)
         key = new_key()
-        created: list[httpx.Response] = []
-        original = threading.Thread(
-            target=lambda: created.append(here.create(key, body(card=card("tok_issuer_slow"))))
-        )
-        original.start()
-        eventually(lambda: there.lookup(key).status_code == 202, what="the key in flight")
+        original, created = slow_create_in_flight(here, key, seen_by=there)
         started = time.monotonic()
         with there.client() as client:
             answer = client.get(

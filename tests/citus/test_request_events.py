@@ -19,31 +19,18 @@ from collections import Counter
 
 from api.events.writer import CITUS_INSERTS, COLUMNS, by_merchant
 from tests.support.backend import Backend
-from tests.support.citus import CitusCluster, execute_sync, query, wait_until
-from tests.support.client import Api, new_key
+from tests.support.citus import (
+    CitusCluster,
+    execute_sync,
+    first_worker_down,
+    query,
+    spread_merchants,
+    wait_until,
+)
+from tests.support.client import new_key
 
 PER_WORKER = 2
 MERCHANT = COLUMNS.index("merchant_id")
-
-
-def _spread(backend: Backend, url: str, dsn: str) -> dict[int, dict[str, Api]]:
-    """New merchants until each worker holds PER_WORKER of them: port → merchant → API."""
-    placed: dict[int, dict[str, Api]] = {}
-    number = 0
-    while len(placed) < 2 or min(len(m) for m in placed.values()) < PER_WORKER:
-        name = f"events-{number}"
-        api = Api(url, backend.api_key(name))
-        merchant_id = query(dsn, "SELECT id FROM merchant WHERE name = $1", name)[0][0]
-        port = query(
-            dsn,
-            "SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = "
-            "get_shard_id_for_distribution_column('request_event', $1::text)",
-            merchant_id,
-        )[0][0]
-        if len(placed.get(port, {})) < PER_WORKER:
-            placed.setdefault(port, {})[merchant_id] = api
-        number += 1
-    return placed
 
 
 def _landed(dsn: str, merchants: set[str]) -> Counter[str]:
@@ -64,15 +51,13 @@ def _landed(dsn: str, merchants: set[str]) -> Counter[str]:
 def test_request_events_land_by_merchant_and_a_dead_worker_holds_back_only_its_own(
     citus_db: Backend, citus: CitusCluster
 ) -> None:
-    database = citus_db.url.rsplit("/", 1)[1]
-    dsn = citus.coordinator.dsn(database)
+    dsn = citus.coordinator_dsn(citus_db)
     server = citus_db.server(IDEMPAY_DB_TIMEOUT="5", IDEMPAY_COMPLETER_ENABLED="false")
-    placed = _spread(citus_db, server.url, dsn)
-    victim_port = sorted(placed)[0]
+    placed = spread_merchants(
+        citus_db, server.url, dsn, name="events", table="request_event", per_worker=PER_WORKER
+    )
+    victim_port, on_victim, elsewhere, apis = first_worker_down(placed)
     victim = citus.node_of_port(victim_port)
-    on_victim = set(placed[victim_port])
-    elsewhere = {m for port, ms in placed.items() if port != victim_port for m in ms}
-    apis = {m: api for ms in placed.values() for m, api in ms.items()}
     execute_sync(dsn, "SELECT citus_stat_statements_reset()")
 
     # every request is one event: creates, a replay, a lookup, an abort

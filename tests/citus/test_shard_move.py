@@ -34,8 +34,7 @@ def placement(dsn: str, merchant_id: str) -> tuple[int, int]:
 def test_moving_a_merchants_shard_loses_and_doubles_nothing(
     citus_db: Backend, citus: CitusCluster
 ) -> None:
-    database = citus_db.url.rsplit("/", 1)[1]
-    dsn = citus.coordinator.dsn(database)
+    dsn = citus.coordinator_dsn(citus_db)
     server = citus_db.server(IDEMPAY_DB_TIMEOUT="30", IDEMPAY_DB_POOL_SIZE="12")
     api = Api(server.url, citus_db.api_key("moving"))
     merchant_id = query(dsn, "SELECT id FROM merchant WHERE name = 'moving'")[0][0]

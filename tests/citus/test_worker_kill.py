@@ -26,34 +26,18 @@ from tests.support.backend import Backend
 from tests.support.citus import (
     CitusCluster,
     execute_sync,
-    merchants_by_worker,
+    first_worker_down,
     query,
+    spread_merchants,
     wait_until,
 )
-from tests.support.client import Api
 from tests.support.eventually import eventually
 
 PER_WORKER = 3
 
 
-def spread_merchants(backend: Backend, url: str, dsn: str) -> dict[int, dict[str, Api]]:
-    """API keys for new merchants until each worker holds PER_WORKER of them."""
-    placed: dict[int, dict[str, Api]] = {}
-    number = 0
-    while len(placed) < 2 or min(len(m) for m in placed.values()) < PER_WORKER:
-        name = f"kill-{number}"
-        api = Api(url, backend.api_key(name))
-        merchant_id = query(dsn, "SELECT id FROM merchant WHERE name = $1", name)[0][0]
-        port = next(iter(merchants_by_worker(dsn, [merchant_id])))
-        if len(placed.get(port, {})) < PER_WORKER:
-            placed.setdefault(port, {})[merchant_id] = api
-        number += 1
-    return placed
-
-
 def test_a_killed_worker_fails_only_its_merchants(citus_db: Backend, citus: CitusCluster) -> None:
-    database = citus_db.url.rsplit("/", 1)[1]
-    dsn = citus.coordinator.dsn(database)
+    dsn = citus.coordinator_dsn(citus_db)
     # ANSWER_WITHIN 5 s: on a loaded machine a create is still answered in its request (a
     # 202 here is the kill's, not a slow acquirer's); a key left processing by the kill is
     # the completer's after its lease (ACQUIRER_TIMEOUT + LEASE_SECONDS = 9 s).
@@ -63,12 +47,12 @@ def test_a_killed_worker_fails_only_its_merchants(citus_db: Backend, citus: Citu
         IDEMPAY_ANSWER_WITHIN="5",
         IDEMPAY_ACQUIRER_TIMEOUT="6",
     )
-    placed = spread_merchants(citus_db, server.url, dsn)
-    victim_port = sorted(placed)[0]
+    placed = spread_merchants(
+        citus_db, server.url, dsn, name="kill", table="idempotency_key", per_worker=PER_WORKER
+    )
+    victim_port, on_victim, elsewhere, apis = first_worker_down(placed)
     victim = citus.node_of_port(victim_port)
-    on_victim = set(placed[victim_port])
-    elsewhere = {m for port, ms in placed.items() if port != victim_port for m in ms}
-    fleet = Fleet({m: api for ms in placed.values() for m, api in ms.items()}).start()
+    fleet = Fleet(apis).start()
     try:
         time.sleep(2.0)
         killing_at = time.monotonic()

@@ -20,11 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from tests.support.client import Api
 from tests.support.services import ROOT
+
+if TYPE_CHECKING:
+    from tests.support.backend import Backend
 
 SCRIPT = ROOT / "scripts" / "citus.sh"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -108,6 +112,10 @@ class CitusCluster:
 
     def stop(self) -> None:
         subprocess.run([str(SCRIPT), "stop", str(self.root)], capture_output=True, timeout=180)
+
+    def coordinator_dsn(self, backend: Backend) -> str:
+        """The coordinator's DSN for ``backend``'s database."""
+        return self.coordinator.dsn(backend.url.rsplit("/", 1)[1])
 
     def node_of_port(self, port: int) -> Node:
         return next(node for node in self.nodes.values() if node.port == port)
@@ -266,3 +274,33 @@ def merchants_by_worker(dsn: str, merchant_ids: Sequence[str]) -> dict[int, list
             merchant_id
         )
     return placed
+
+
+def spread_merchants(
+    backend: Backend, url: str, dsn: str, *, name: str, table: str, per_worker: int
+) -> dict[int, dict[str, Api]]:
+    """New merchants (``{name}-0``, ``{name}-1``, …) until each worker holds ``per_worker`` of
+    them by their shard of ``table``: worker port → merchant id → its API on ``url``."""
+    placed: dict[int, dict[str, Api]] = {}
+    number = 0
+    while len(placed) < 2 or min(len(m) for m in placed.values()) < per_worker:
+        merchant = f"{name}-{number}"
+        api = Api(url, backend.api_key(merchant))
+        merchant_id = query(dsn, "SELECT id FROM merchant WHERE name = $1", merchant)[0][0]
+        port = shard_node_port(dsn, table, merchant_id)
+        if len(placed.get(port, {})) < per_worker:
+            placed.setdefault(port, {})[merchant_id] = api
+        number += 1
+    return placed
+
+
+def first_worker_down(
+    placed: dict[int, dict[str, Api]],
+) -> tuple[int, set[str], set[str], dict[str, Api]]:
+    """``placed`` (``spread_merchants``) split for a worker to stop: the lowest port, its
+    merchants, the other workers' merchants, and every merchant's API."""
+    victim_port = sorted(placed)[0]
+    on_victim = set(placed[victim_port])
+    elsewhere = {m for port, ms in placed.items() if port != victim_port for m in ms}
+    apis = {m: api for ms in placed.values() for m, api in ms.items()}
+    return victim_port, on_victim, elsewhere, apis
