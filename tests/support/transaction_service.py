@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api.acquirer.types import Authorization, AuthorizationRequest, ReversalRequest
@@ -155,3 +156,15 @@ def lose_claim_acknowledgements(service: TransactionService) -> None:
         raise asyncpg.exceptions.ConnectionDoesNotExistError("connection lost after COMMIT")
 
     service.claims.run = lost  # type: ignore[method-assign]
+
+
+async def rows_written(engine: AsyncEngine, merchant: str) -> tuple[int, int, int]:
+    """The merchant's transaction rows, ledger entries and outbox events."""
+    query = text(
+        'SELECT (SELECT count(*) FROM "transaction" WHERE merchant_id = :m),'
+        " (SELECT count(*) FROM ledger_entry WHERE merchant_id = :m),"
+        " (SELECT count(*) FROM outbox_event WHERE merchant_id = :m)"
+    )
+    async with engine.connect() as conn:
+        transactions, entries, events = (await conn.execute(query, {"m": merchant})).one()
+    return int(transactions), int(entries), int(events)

@@ -13,7 +13,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import text
 
 from api.events.writer import RequestOutcome
 from api.metrics import ACQUIRER_LATE_ANSWERS
@@ -26,6 +25,7 @@ from tests.support.transaction_service import (
     ApprovingAcquirer,
     claim_key,
     new_payment,
+    rows_written,
     running_service,
 )
 
@@ -73,18 +73,7 @@ async def test_a_finish_whose_commit_ack_was_lost_answers_created(
     )
 
     # What holds: the retry wrote nothing twice, and the answer is the stored approval.
-    async with service.engine.connect() as conn:
-        counts = (
-            await conn.execute(
-                text(
-                    'SELECT (SELECT count(*) FROM "transaction" WHERE merchant_id = :m),'
-                    " (SELECT count(*) FROM ledger_entry WHERE merchant_id = :m),"
-                    " (SELECT count(*) FROM outbox_event WHERE merchant_id = :m)"
-                ),
-                {"m": MERCHANT},
-            )
-        ).one()
-    assert tuple(counts) == (1, 1, 1)
+    assert await rows_written(service.engine, MERCHANT) == (1, 1, 1)
     assert outcome.status == 201
     # The request that created the transaction is told so, not that it was a replay.
     assert outcome.event == RequestOutcome.CREATED
