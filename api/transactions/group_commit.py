@@ -23,6 +23,12 @@ Postgres and SQLite differ only in how ``atomic`` opens the batch's transaction.
   counting against the lanes: writes queued behind it get a lane of their own, up to
   ``max_lanes`` (the connections the pool has), as each would have with a transaction of
   its own.
+- **Set statements.** With ``together``, works of one ``Together`` class go as that class's
+  set statements: a batch of claims (``InsertIfAbsent``) is one multi-row ``INSERT … ON
+  CONFLICT DO NOTHING RETURNING``, each claim recognising its own row in what comes back; a
+  batch of finishes (``service.Finish``) completes its keys in one ``UPDATE`` on Postgres.
+  If such a statement fails for one row's sake, the batch is written again one work at a
+  time, and the failing work alone gets its error.
 - **One insert per table.** With ``defer_inserts`` (the finishes), the works' inserts whose
   results nobody reads — transaction rows, ledger entries, outbox events — are collected and
   sent after the batch's last work, one multi-row statement per table (``api.deferred``).
