@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from integration_db import Merchant, journal_entries
+from integration_db import Merchant, journal_entries, wait_for
 
 from client_sdk import Client, JournalState, RetryPolicy
 from idempay_tools.chaos_proxy import ProxyThread
@@ -73,7 +73,9 @@ def test_a_mangled_gzip_201_leaves_the_payment_in_doubt_and_it_is_resolved(
         result = pay(amount=4321, currency="BRL", card=CARD)
     assert (result.status, result.type) == ("approved", kind)
     assert merchant.transactions() == {result.id: "approved"}
-    assert merchant.create_events(result.id) == [("created", 201, 1)]
+    # Request events reach the database through the server's batched writer: wait for it.
+    events = wait_for(lambda: merchant.create_events(result.id), timeout=10, what="the event")
+    assert events == [("created", 201, 1)]
 
 
 def test_a_later_attempt_refused_by_a_proxy_waits_for_the_original_in_flight(
