@@ -191,27 +191,44 @@ class PrivateRedis:
         if server is None:
             raise RuntimeError("redis-server not found")
         self.root.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [server, "--port", str(self.port), "--bind", LOCAL, "--save", "",
-             "--appendonly", "no", "--dir", str(self.root), "--logfile", str(self.log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._ping():
-                return self
-            if self.proc.poll() is not None:
+        # The port was free when chosen; another process (a parallel test's own Redis) may
+        # have taken it since. Then our server exits, and a ping would be answered by theirs:
+        # only an answer naming our process id counts, and a lost port is chosen again.
+        for _attempt in range(5):
+            self.proc = subprocess.Popen(
+                [server, "--port", str(self.port), "--bind", LOCAL, "--save", "",
+                 "--appendonly", "no", "--dir", str(self.root), "--logfile", str(self.log)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            while time.monotonic() < deadline:
+                if self._answering_pid() == self.proc.pid:
+                    return self
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+            if self.proc.poll() is None:  # alive but never ours to answer: out of time
                 break
-            time.sleep(0.05)
+            self.port = free_port()
         raise RuntimeError(f"redis-server did not start:\n{_tail(self.log)}")
 
-    def _ping(self) -> bool:
+    def _answering_pid(self) -> int | None:
+        """The process id of the Redis answering on our port (``INFO server``), if any."""
         try:
             with socket.create_connection((LOCAL, self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                sock.sendall(b"INFO server\r\n")
+                reply = b""
+                while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    reply += chunk
         except OSError:
-            return False
+            return None
+        for line in reply.split(b"\r\n"):
+            if line.startswith(b"process_id:"):
+                return int(line.split(b":", 1)[1])
+        return None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
