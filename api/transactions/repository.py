@@ -15,11 +15,6 @@ from api.jsonfast import compact
 from api.models import LedgerEntry, Transaction
 
 
-def dumps(value: Any) -> str:
-    """``json.dumps(value, separators=(",", ":"))``, byte for byte (``api.jsonfast``)."""
-    return compact(value)
-
-
 @dataclass(frozen=True, slots=True)
 class NewTransaction:
     merchant_id: str
@@ -52,7 +47,7 @@ def iso(moment: datetime | None) -> str | None:
 
 def render(txn: NewTransaction | Any) -> str:
     """The transaction body of contract §2, serialized once (replays return these bytes)."""
-    return dumps(body_of(txn))
+    return compact(body_of(txn))
 
 
 def body_of(txn: NewTransaction | Any, *, status: str | None = None) -> dict[str, Any]:

@@ -657,20 +657,6 @@ class TransactionService:
             ),
         )
 
-    async def finish(
-        self,
-        conn: AsyncConnection,
-        merchant_id: str,
-        key: str,
-        body: TransactionCreate,
-        auth: Authorization,
-        token: int,
-        created_at: datetime,
-    ) -> str | None:
-        """Phase 3 (also the in-doubt settlement, with ``auth`` declined / acquirer_timeout):
-        stored response, transaction and ledger, or nothing if the lease is gone."""
-        return await self.finish_work(merchant_id, key, body, auth, token, created_at)(conn)
-
     def finish_work(
         self,
         merchant_id: str,
@@ -680,7 +666,9 @@ class TransactionService:
         token: int,
         created_at: datetime,
     ) -> Finish:
-        """``finish`` as a work of the batch of finishes (``Finish``)."""
+        """Phase 3 (also the in-doubt settlement, with ``auth`` declined / acquirer_timeout)
+        as a work of the batch of finishes (``Finish``): stored response, transaction and
+        ledger, or nothing if the lease is gone."""
         txn = self.new_transaction(merchant_id, key, body, auth, created_at=created_at)
         return Finish(self, txn, token, repository.render(txn))
 
