@@ -8,10 +8,12 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 .PHONY: demo test test-fast lint bench loadtest chaos failover verify services tools clean \
 	images deploy-check deploy-test
 
+# --no-compile: a module is compiled when first imported, not all 1.4 GB of them at install
+# (compiling every installed module costs 27 CPU-s here; most are never imported).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip
-	$(BIN)/python -m pip install -q -e '.[api,sdk,analytics,loadtest,dev]'
+	$(BIN)/python -m pip install -q --no-compile -e '.[api,sdk,analytics,loadtest,dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 services:

@@ -340,9 +340,15 @@ async def _announce_epoch(settings: Settings, epoch: str) -> bool:
     own serves nothing and re-reads the database's (SPEC §3.6). Kept as long as a response."""
     import redis.asyncio as aioredis
 
+    from api.idempotency.cache import announcement_of
+
     client = aioredis.from_url(settings.redis_url or "", socket_timeout=settings.redis_timeout)
     try:
-        await client.set(f"{settings.redis_prefix}epoch", epoch, ex=max(1, int(settings.cache_ttl)))
+        await client.set(
+            f"{settings.redis_prefix}epoch",
+            announcement_of(epoch),
+            ex=max(1, int(settings.cache_ttl)),
+        )
         return True
     except (aioredis.RedisError, OSError):
         return False
@@ -388,6 +394,7 @@ def acquirer_queue(
 
     async def work(engine: Any) -> None:
         async with engine.connect() as conn:
+            await conn.execution_options(sqlite_deferred_begin=True)  # a read: never refused
             depth, oldest = await advice.depth(conn, now=utcnow())
             rows = await advice.listing(conn, pending_only=not all_, limit=limit)
         typer.echo(f"queued {depth}\toldest {oldest:.1f} s")

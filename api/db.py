@@ -152,6 +152,15 @@ def _sqlite_engine(url: str) -> AsyncEngine:
     return engine
 
 
+def disk_refuses_writes(engine: AsyncEngine) -> bool:
+    """The embedded SQLite's disk has no room for a new key now (``WalKeeper.refusing``):
+    creates are refused (503) while replays and lookups are answered. False elsewhere."""
+    path = engine.url.database
+    if engine.dialect.name != "sqlite" or not path or path == ":memory:":
+        return False
+    return wal_keeper(path).refusing()
+
+
 # Set while an ``atomic`` transaction is open in this task (``assert_no_transaction``).
 TRANSACTION_OPEN: ContextVar[bool] = ContextVar("idempay_transaction_open", default=False)
 # ``Connection.info`` names whose items a transaction collected, and what is done with them
@@ -184,18 +193,46 @@ async def atomic(engine: AsyncEngine, *, new_key: bool = False) -> AsyncIterator
                 try:
                     yield conn
                 except BaseException:
-                    with suppress(Exception):  # an invalidated connection: its info goes
-                        for name in _AFTER_COMMIT:
-                            conn.info.pop(name, None)
+                    _drop_collected(conn)
                     raise  # the driver's own error (a lost connection stays a 503)
-                collected = [
-                    (hook, conn.info.pop(name, ())) for name, hook in _AFTER_COMMIT.items()
-                ]
+                collected = _collected(conn)
     finally:
         TRANSACTION_OPEN.reset(opened)
+    _hand_on(collected)
+
+
+def _drop_collected(conn: AsyncConnection) -> None:
+    """What ``conn``'s work collected for after its commit, dropped: it did not commit."""
+    with suppress(Exception):  # an invalidated connection: its info goes
+        for name in _AFTER_COMMIT:
+            conn.info.pop(name, None)
+
+
+def _collected(conn: AsyncConnection) -> list[tuple[Callable[[Sequence[Any]], None], Any]]:
+    return [(hook, conn.info.pop(name, ())) for name, hook in _AFTER_COMMIT.items()]
+
+
+def _hand_on(collected: list[tuple[Callable[[Sequence[Any]], None], Any]]) -> None:
     for hook, items in collected:
         if items:
             hook(items)
+
+
+@asynccontextmanager
+async def autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection of ``engine`` (an engine with ``isolation_level="AUTOCOMMIT"``) on which
+    each statement is a transaction of its own — Citus's delegated calls
+    (``api.transactions.delegated``). What the block collected for after its commit
+    (``after_commit``) is handed on once the block ended without an error, each of its
+    statements then having committed; never after an error."""
+    async with engine.connect() as conn:
+        try:
+            yield conn
+        except BaseException:
+            _drop_collected(conn)
+            raise
+        collected = _collected(conn)
+    _hand_on(collected)
 
 
 def assert_no_transaction() -> None:

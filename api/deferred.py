@@ -51,6 +51,13 @@ async def flush(conn: AsyncConnection) -> int:
     return len(rows)
 
 
+def take(conn: AsyncConnection) -> dict[str, list[dict[str, Any]]]:
+    """Stop collecting and hand over what was collected, unsent: each table's rows by the
+    table's name (the delegated finish on Citus sends them as its call's argument)."""
+    rows = _ROWS.pop(conn, None) or {}
+    return {statement.table.name: batch for statement, batch in rows.items()}
+
+
 def discard(conn: AsyncConnection) -> None:
     """Stop collecting without sending (the batch's transaction failed)."""
     _ROWS.pop(conn, None)

@@ -36,6 +36,7 @@ from api.migrate import has_citus
 from api.ops import router as ops_router
 from api.ratelimit import RateLimiter
 from api.storage_errors import misconfigured
+from api.transactions import delegated
 from api.transactions.completer import Completer
 from api.transactions.http import MAX_BODY_BYTES
 from api.transactions.inline import HotReads
@@ -148,6 +149,13 @@ async def database_has_citus(engine: AsyncEngine, *, wait: float = STARTUP_WAIT_
             pause = min(pause * 2, 4.0)
 
 
+async def _delegated_calls(engine: AsyncEngine) -> bool:
+    """On Citus: the create's delegated calls are installed (``idempay migrate`` installs
+    them); a database migrated by an older release writes its batches as transactions."""
+    async with engine.connect() as conn:
+        return await conn.run_sync(delegated.installed)
+
+
 async def build_context(settings: Settings) -> AppContext:
     """Everything the routes need. Asks the database once whether it has Citus, and hands
     the answer to each part that writes or reads differently there (the event writer, the
@@ -157,6 +165,7 @@ async def build_context(settings: Settings) -> AppContext:
     engine = create_engine(settings, pool_size=engine_share)
     try:
         citus = await database_has_citus(engine)
+        delegate = citus and await _delegated_calls(engine)
     except BaseException:
         await engine.dispose()
         raise
@@ -181,7 +190,13 @@ async def build_context(settings: Settings) -> AppContext:
         engine=engine,
         citus=citus,
         service=TransactionService(
-            engine, acquirer.link, settings, cache=cache, inline=inline, citus=citus
+            engine,
+            acquirer.link,
+            settings,
+            cache=cache,
+            inline=inline,
+            citus=citus,
+            delegate=delegate,
         ),
         acquirer=acquirer,
         auth=Authenticator(engine),

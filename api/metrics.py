@@ -126,9 +126,16 @@ GROUP_COMMIT_WRITES = Counter(
     "Claims or finishes written (committed) by the create's group commit, by kind.",
     ["kind"],
 )
+GROUP_COMMIT_DELEGATED = Counter(
+    "idempay_group_commit_delegated_calls_total",
+    "Of those transactions, the ones sent as one delegated call (Citus: the merchant's worker"
+    " runs the batch as one function call, api/transactions/delegated.py), by kind.",
+    ["kind"],
+)
 for _kind in ("claim", "finish"):
     GROUP_COMMIT_TRANSACTIONS.labels(_kind)
     GROUP_COMMIT_WRITES.labels(_kind)
+    GROUP_COMMIT_DELEGATED.labels(_kind)
 
 
 _LIVE_GAUGE = re.compile(r"gauge_live\w*_(\d+)\.db")

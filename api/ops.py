@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 from starlette.responses import JSONResponse, Response
 
+from api.db import disk_refuses_writes
 from api.errors import PROBLEM_JSON
 from api.metrics import exposition
 
@@ -31,7 +32,10 @@ async def healthz(response: Response) -> dict[str, str]:
 
 
 _READY_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "Storage reachable (status ok, or degraded when Redis is down)"},
+    200: {
+        "description": "Storage reachable (status ok; degraded when Redis is down, or when the"
+        " embedded SQLite's disk is full: checks.disk `full`, creates refused, reads answered)"
+    },
     503: {
         "description": "Storage unreachable",
         "content": {"application/problem+json": {"schema": {"type": "object"}}},
@@ -50,7 +54,8 @@ _METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
     responses=_READY_RESPONSES,
     summary="Readiness",
     description="The database is reachable (200); Redis being out is reported as `degraded`, "
-    "not down. 503 when the database cannot be reached.",
+    "not down, and so is the embedded SQLite's full disk (`checks.disk`: `full`: new creates "
+    "are refused, replays and lookups answered). 503 when the database cannot be reached.",
     operation_id="readyz",
 )
 async def readyz(request: Request) -> Response:
@@ -58,6 +63,8 @@ async def readyz(request: Request) -> Response:
     database = "ok"
     try:
         async with asyncio.timeout(2.0), ctx.engine.connect() as conn:
+            # a read (a plain BEGIN on SQLite): a full disk refuses writes, not reads
+            await conn.execution_options(sqlite_deferred_begin=True)
             await conn.execute(text("SELECT 1"))
     except Exception:
         database = "down"
@@ -70,6 +77,8 @@ async def readyz(request: Request) -> Response:
         except Exception:
             redis = "down"
     checks = {"database": database, "redis": redis}
+    if database == "ok" and disk_refuses_writes(ctx.engine):
+        checks["disk"] = "full"  # new creates are refused (503); replays and lookups answered
     if database != "ok":
         body: dict[str, Any] = {
             "type": "urn:idempay:problem:service_unavailable",
@@ -80,7 +89,7 @@ async def readyz(request: Request) -> Response:
             "checks": checks,
         }
         return JSONResponse(body, 503, media_type=PROBLEM_JSON, headers={"Retry-After": "1"})
-    status = "degraded" if redis == "down" else "ok"
+    status = "degraded" if redis == "down" or "disk" in checks else "ok"
     return JSONResponse({"status": status, "checks": checks})
 
 

@@ -225,6 +225,13 @@ class WalKeeper:
             return "the database's disk is nearly full: no new key is taken, nothing was written"
         return None
 
+    def refusing(self) -> bool:
+        """A create's claim would be refused now for want of room (``before_write`` with
+        ``new_key``): the disk full, or without room for the WAL's checkpoint and the new
+        key's headroom. Reads are still answered (``/readyz`` says so: degraded, not down)."""
+        room = self.room()
+        return self.full or self.wal_bytes() + WRITE_HEADROOM_BYTES + NEW_KEY_HEADROOM_BYTES > room
+
     def saw(self, exc: BaseException | None) -> None:
         """A write failed with ``exc``: a full disk starts the recovery."""
         if not out_of_space(exc):

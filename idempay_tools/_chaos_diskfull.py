@@ -120,6 +120,15 @@ class LoopDisk:
         stat = os.statvfs(self.mount)
         return stat.f_bavail * stat.f_frsize
 
+    def leave_free(self, mib: int, name: str = "taken") -> Path:
+        """A file taking every free byte of the disk but ``mib`` MiB (fsynced)."""
+        path = self.mount / name
+        with path.open("wb") as taken:
+            taken.write(b"\1" * (self.free_bytes() - mib * 2**20))
+            taken.flush()
+            os.fsync(taken.fileno())
+        return path
+
     def fill(self, name: str = "filler") -> Path:
         """A file taking every free byte of the disk (written until ENOSPC, fsynced).
         ``RuntimeError`` when the disk is not mounted (any more): what it would fill is

@@ -40,7 +40,7 @@ TTL_S, LOOP_WAIT_S, RETRY_TIMEOUT_S = 20, 2, 5
 # From etcd up to a streaming standby: ~20 s here, minutes on a loaded two-core machine
 # (initdb, the first checkpoint and pg_basebackup compete with everything else running).
 BOOTSTRAP_S = 300.0
-BOOTSTRAP_ATTEMPTS = 3  # Patroni exits when a bootstrap fails; started again on new ports
+BOOTSTRAP_ATTEMPTS = 3  # a failed bootstrap (Patroni exits or its PostgreSQL fails): new ports
 
 
 class NodeExited(RuntimeError):
@@ -268,7 +268,8 @@ class PatroniCluster:
     def _bootstrap(self, node: PatroniNode, done: Any, deadline: float, what: str) -> None:
         """Start ``node`` and wait for the cluster's state ``done``. A Patroni whose
         bootstrap fails (its PostgreSQL did not come up, e.g. its port was taken meanwhile)
-        cancels the attempt in etcd and exits: it is started again, on new ports."""
+        cancels the attempt in etcd and exits; a replica's reports "start failed" and is
+        stopped. Either is started again, on new ports."""
         for attempt in range(1, BOOTSTRAP_ATTEMPTS + 1):
             node.start()
             try:
@@ -288,6 +289,10 @@ class PatroniCluster:
             except (urllib.error.URLError, OSError, ValueError, KeyError):
                 continue
         return []
+
+    @staticmethod
+    def _state(members: list[dict[str, Any]], name: str) -> str | None:
+        return next((m.get("state") for m in members if m.get("name") == name), None)
 
     @staticmethod
     def _role(members: list[dict[str, Any]], name: str) -> str | None:
@@ -313,11 +318,22 @@ class PatroniCluster:
         ``watch``, fails at once (``NodeExited``) if that node's Patroni exits."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if done(self.members()):
+            members = self.members()
+            if done(members):
                 return time.monotonic()
             if watch is not None and watch.exited():
                 raise NodeExited(f"failover: {watch.name}'s Patroni exited waiting for "
                                  f"{what}:\n{self._logs()}")  # fmt: skip
+            if watch is not None and self._state(members, watch.name) == "start failed":
+                # A replica's Patroni does not exit when its PostgreSQL cannot start
+                # (e.g. its port taken by another process): it retries on that port
+                # for ever. Stop it and drop its copy of the leader (stopping it wrote a
+                # shutdown checkpoint past the leader's WAL, which a restarted standby then
+                # waits on for ever); it is started again on new ports and copies afresh.
+                watch.stop()
+                shutil.rmtree(watch.data, ignore_errors=True)
+                raise NodeExited(f"failover: {watch.name}'s PostgreSQL failed to start "
+                                 f"waiting for {what}:\n{self._logs()}")  # fmt: skip
             time.sleep(0.2)
         raise RuntimeError(
             f"failover: timed out after {timeout:.0f} s waiting for {what}: "

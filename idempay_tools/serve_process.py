@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Self
+
+from api.acquirer.host.process import free_port  # the one port picker (never a port twice)
 
 __all__ = ["ServerProcess", "free_port", "ready", "say"]
 
@@ -30,12 +31,6 @@ def say(text: str) -> None:
     """A line on stdout, flushed (the harnesses' progress is read live)."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOCAL, 0))
-        return int(sock.getsockname()[1])
 
 
 def ready(url: str) -> bool:

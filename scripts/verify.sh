@@ -9,7 +9,7 @@
 # spin, for the property its bug breaks. Prints one summary table; exits non-zero on any
 # unexpected result.
 #
-#   scripts/verify.sh                        everything (~4.5 min of CPU; 9.5 min of wall time on 2 cores at load 6-9)
+#   scripts/verify.sh                        everything (~5 min of CPU, user+sys; 6-10 min of wall time on 2 cores at load 5-9)
 #   VERIFY_ONLY="S1 M2" scripts/verify.sh    a subset, by check id
 #   VERIFY_KEEP=1 scripts/verify.sh          keep the work dir (pan output, trails, replays)
 #   VERIFY_JOBS=N                            parallel searches (default: cores, at most 4)
@@ -60,9 +60,17 @@ b() {  # b NET CRASH T_CRASH PAUSE ACQ: the bounds as -D defaults
   echo "-DNET_FAULTS=$1 -DCRASHES=$2 -DT_CRASHES=$3 -DPAUSES=$4 -DACQ_FAULTS=$5"
 }
 ZERO="$(b 0 0 0 0 0)"   # shared builds: no faults unless the environment grants them
-SAFE_CC="-O2 -DSAFETY -DNOCLAIM -DMEMLIM=8192"   # assertions + invalid end states
-FAST_CC="-O0 -DSAFETY -DNOCLAIM -DMEMLIM=8192"   # mutants: counterexamples come early
-LIVE_CC="-O2 -DNFAIR=3 -DMEMLIM=8192"            # acceptance cycles, weak fairness
+# The optimisation level follows the CPU a build's searches take at -O2 (S), since a compile
+# costs about 7 s at -O2, 4.7 s at -Og and 1.1 s at -O0 while a search takes about 1.1x as
+# long at -Og and 1.8x at -O0: -O2 from ~20 s of search, -Og from ~5 s, -O0 below. Safety
+# builds store states uncompressed (-DNOCOMP: 10-40 % less CPU for ~40 % more memory; pan
+# refuses it with -a, so not in liveness builds). None of this changes what is searched.
+SAFE_CC="-O2 -DSAFETY -DNOCLAIM -DNOCOMP -DMEMLIM=8192"   # assertions + invalid end states
+MID_CC="-Og -DSAFETY -DNOCLAIM -DNOCOMP -DMEMLIM=8192"    # ~5-20 s of search
+FAST_CC="-O0 -DSAFETY -DNOCLAIM -DNOCOMP -DMEMLIM=8192"   # mutants, small searches
+LIVE_CC="-O2 -DNFAIR=3 -DMEMLIM=8192"                     # acceptance cycles, weak fairness
+LIVE_MID_CC="-Og -DNFAIR=3 -DMEMLIM=8192"
+LIVE_FAST_CC="-O0 -DNFAIR=3 -DMEMLIM=8192"
 only() {  # only P: the monitor asserts property P and no other (a mutant's target)
   local p out=""
   for p in A B C E F G H I J K; do
@@ -75,42 +83,42 @@ MUT="$(b 1 1 0 1 1)"   # the safety mutants' bounds (= S3's)
 # build | spin -D | cc flags | model (default idempay.pml)
 BUILDS=(
   "safe|-DMONITOR $ZERO|$SAFE_CC"
-  "safe-down|-DMONITOR -DACQUIRER_DOWN $ZERO|$SAFE_CC"
+  "safe-down|-DMONITOR -DACQUIRER_DOWN $ZERO|$FAST_CC"
   "live|-DFAIR $ZERO|$LIVE_CC"
-  "live-down|-DFAIR -DACQUIRER_DOWN $ZERO|$LIVE_CC"
+  "live-down|-DFAIR -DACQUIRER_DOWN $ZERO|$LIVE_FAST_CC"
   "m1|-DMONITOR $(only e) -DMUTANT_NO_LEASE_TOKEN $MUT|$FAST_CC"
   "m2|-DMONITOR $(only c) -DMUTANT_404_GIVES_UP $MUT|$FAST_CC"
   "m3|-DMONITOR $(only b) -DMUTANT_CHECK_THEN_INSERT -DNO_EXPIRY $(b 2 0 0 1 1)|$FAST_CC"
   "m7|-DMONITOR $(only b) -DMUTANT_CHECK_THEN_INSERT $MUT|$FAST_CC"
   "m4|-DMONITOR $(only a) -DMUTANT_REDRIVE $MUT|$FAST_CC"
-  "m5|-DFAIR -DMUTANT_NO_RECOVER $(b 1 0 1 0 0)|-O0 -DNFAIR=3 -DMEMLIM=8192"
+  "m5|-DFAIR -DMUTANT_NO_RECOVER $(b 1 0 1 0 0)|$LIVE_FAST_CC"
   "m6|-DMONITOR $(only f) -DMUTANT_FENCE_WITHOUT_ADVICE $MUT|$FAST_CC"
   "m17|-DMONITOR $(only a) -DMUTANT_RELEASE_IN_DOUBT $MUT|$FAST_CC"
   # the later-attempt rejection (in the shared builds, PML_REJECTS), the
   # retention purge with the server's clock, a second driver on the journal
   "ret|-DMONITOR -DRETENTION $ZERO|$SAFE_CC"
   "ret-beyond|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND $ZERO|$FAST_CC"  # small: -O0 pays
-  "two|-DMONITOR -DTWO_DRIVERS $ZERO|$SAFE_CC"
+  "two|-DMONITOR -DTWO_DRIVERS $ZERO|$FAST_CC"
   "m8|-DMONITOR $(only g) -DMUTANT_REJECT_IS_OUTCOME -DREJECTS=1 $(b 1 0 0 0 0)|$FAST_CC"
   "m9|-DMONITOR $(only h) -DMUTANT_RECOVER_RESENDS $(b 1 0 1 0 0)|$FAST_CC"
   "m10|-DMONITOR $(only i) -DRETENTION -DMUTANT_PURGE_AT_RETENTION $(b 1 0 0 0 0)|$FAST_CC"
   "m11|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND -DMUTANT_NO_FUTURE_REFUSAL $(b 1 0 0 0 0)|$FAST_CC"
   "m12|-DMONITOR $(only j) -DTWO_DRIVERS -DMUTANT_PER_INSTANCE_DRIVER $(b 1 0 1 0 0)|$FAST_CC"
   # limits of the fixed protocol, kept as checks so that they stay documented and true
-  "x1|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND $(b 2 0 0 0 0)|$FAST_CC"
+  "x1|-DMONITOR $(only i) -DRETENTION -DSKEW_BEYOND $(b 2 0 0 0 0)|$MID_CC"  # 5 M states
   "x2|-DMONITOR $(only g) -DRETENTION -DSKEW_BEYOND $(b 1 0 0 0 0)|$FAST_CC"
   # store and forward (a sale accepted offline, forwarded as an advice)
-  "off|-DMONITOR -DOFFLINE $ZERO|$SAFE_CC"
-  "off-ret|-DMONITOR -DOFFLINE -DRETENTION $ZERO|$SAFE_CC"
-  "live-off|-DFAIR -DOFFLINE $ZERO|$LIVE_CC"
+  "off|-DMONITOR -DOFFLINE $ZERO|$MID_CC"
+  "off-ret|-DMONITOR -DOFFLINE -DRETENTION $ZERO|$MID_CC"
+  "live-off|-DFAIR -DOFFLINE $ZERO|$LIVE_MID_CC"
   "m13|-DMONITOR $(only k) -DOFFLINE -DMUTANT_OFFLINE_AFTER_SEND $(b 1 0 0 0 0)|$FAST_CC"
   "m14|-DMONITOR $(only k) -DOFFLINE -DMUTANT_RECOVER_FENCES_STORED $(b 1 0 1 0 0)|$FAST_CC"
   # the acquirer boundary (acquirer.pml): bounds "NET CRASH - PAUSE -" (the T_CRASH and
   # ISSUER fields are not used there), NK keys; aborts and reversals in every build
-  "acq|-DMONITOR -DABORTS -DREVERSAL $ZERO|$SAFE_CC|acquirer.pml"
-  "acq2|-DMONITOR -DABORTS -DREVERSAL -DNK=2 $ZERO|$SAFE_CC -DCOLLAPSE|acquirer.pml"
-  "acq-live|-DFAIR -DABORTS -DREVERSAL $ZERO|$LIVE_CC|acquirer.pml"
-  "acq2-live|-DFAIR -DABORTS -DNK=2 $ZERO|$LIVE_CC -DCOLLAPSE|acquirer.pml"
+  "acq|-DMONITOR -DABORTS -DREVERSAL $ZERO|$FAST_CC|acquirer.pml"
+  "acq2|-DMONITOR -DABORTS -DREVERSAL -DNK=2 $ZERO|$SAFE_CC|acquirer.pml"
+  "acq-live|-DFAIR -DABORTS -DREVERSAL $ZERO|$LIVE_FAST_CC|acquirer.pml"
+  "acq2-live|-DFAIR -DABORTS -DNK=2 $ZERO|$LIVE_CC|acquirer.pml"
   "m15|-DMONITOR -DCHK_M=0 -DABORTS -DREVERSAL -DMUTANT_RESEND_0200 $(b 1 1 0 1 0)|$FAST_CC|acquirer.pml"
   "m16|-DMONITOR -DCHK_L=0 -DM_AT_END -DABORTS -DREVERSAL -DMUTANT_SETTLE_THEN_QUEUE $(b 1 1 0 1 0)|$FAST_CC|acquirer.pml"
 )
@@ -124,6 +132,8 @@ BUILDS=(
 # 4xx). "-": the build's own -D bounds.
 SAFE="a b c e f"
 SAFE_PAN="-m20000 -w25"
+SMALL_PAN="-m20000 -w20"   # mutants whose counterexample comes within ~0.1 M states: a 256 MB
+                           # table costs more to map than their search (any -w is exhaustive)
 LIVE_PAN="-m20000 -a -f -N d"
 # id | property | variant | bounds (label) | expect | build | bounds | pan flags
 CHECKS=(
@@ -131,7 +141,7 @@ CHECKS=(
   "S2|$SAFE|as is|all x1 but server crash|holds|safe|1 0 1 1 1|$SAFE_PAN"
   "S3|$SAFE|as is|all x1 but terminal crash|holds|safe|1 1 0 1 1|$SAFE_PAN"
   "S4|$SAFE|as is|all x1 but stall|holds|safe|1 1 1 0 1|$SAFE_PAN"
-  "S5|$SAFE|as is|all x1 but acquirer fault|holds|safe|1 1 1 1 0|-m20000 -w26"
+  "S5|$SAFE|as is|all x1 but acquirer fault|holds|safe|1 1 1 1 0|$SAFE_PAN"
   "S6|$SAFE|as is|net x2, stall, acquirer fault|holds|safe|2 0 0 1 1|$SAFE_PAN"
   "S7|$SAFE|ACQUIRER_DOWN|net, crash, stall|holds|safe-down|1 1 0 1 0|$SAFE_PAN"
   "L1|d|as is|net, terminal crash|holds|live|1 0 1 0 0|$LIVE_PAN"
@@ -142,25 +152,25 @@ CHECKS=(
   "L6|d|as is|crash, stall, acquirer fault|holds|live|0 1 0 1 1|$LIVE_PAN"
   "L7|d|as is|terminal crash, stall, acq. fault|holds|live|0 0 1 1 1|$LIVE_PAN"
   "L8|d|ACQUIRER_DOWN|crash, stall|holds|live-down|0 1 0 1 0|$LIVE_PAN"
-  "M1|e|MUTANT_NO_LEASE_TOKEN|= S3|counterexample:e|m1|-|-m20000 -w25"
+  "M1|e|MUTANT_NO_LEASE_TOKEN|= S3|counterexample:e|m1|-|$SMALL_PAN"
   "M2|c|MUTANT_404_GIVES_UP|= S3|counterexample:c|m2|-|-m20000 -w25"
   "M3|b|MUTANT_CHECK_THEN_INSERT|= S6; abort (no expiry)|counterexample:b|m3|-|-m20000 -w25"
-  "M4|a|MUTANT_REDRIVE|= S3|counterexample:a|m4|-|-m20000 -w25"
+  "M4|a|MUTANT_REDRIVE|= S3|counterexample:a|m4|-|$SMALL_PAN"
   "M5|d|MUTANT_NO_RECOVER|= L1|counterexample:d|m5|-|$LIVE_PAN"
-  "M6|f|MUTANT_FENCE_WITHOUT_ADVICE|= S3|counterexample:f|m6|-|-m20000 -w25"
+  "M6|f|MUTANT_FENCE_WITHOUT_ADVICE|= S3|counterexample:f|m6|-|$SMALL_PAN"
   "M7|b|MUTANT_CHECK_THEN_INSERT|= S3; expiry|counterexample:b|m7|-|-m20000 -w25"
-  "M17|a|MUTANT_RELEASE_IN_DOUBT|= S3|counterexample:a|m17|-|-m20000 -w25"
+  "M17|a|MUTANT_RELEASE_IN_DOUBT|= S3|counterexample:a|m17|-|$SMALL_PAN"
   "S8|$SAFE g h|REJECTS|net, crash, t-crash, reject|holds|safe|1 1 1 0 0 1|$SAFE_PAN"
   "L9|d|REJECTS|net, terminal crash, reject|holds|live|1 0 1 0 0 1|$LIVE_PAN"
   "R1|$SAFE g h i|RETENTION|net x2|holds|ret|2 0 0 0 0|$SAFE_PAN"
   "R2|$SAFE g h i|RETENTION|net, terminal crash|holds|ret|1 0 1 0 0|$SAFE_PAN"
   "R3|i|RETENTION SKEW_BEYOND|net|holds|ret-beyond|1 0 0 0 0|$SAFE_PAN"
   "T1|$SAFE g h j|TWO_DRIVERS|net, terminal crash, j-stall|holds|two|1 0 1 0 0|$SAFE_PAN"
-  "M8|g|MUTANT_REJECT_IS_OUTCOME|net, reject|counterexample:g|m8|-|-m20000 -w25"
-  "M9|h|MUTANT_RECOVER_RESENDS|net, terminal crash|counterexample:h|m9|-|-m20000 -w25"
+  "M8|g|MUTANT_REJECT_IS_OUTCOME|net, reject|counterexample:g|m8|-|$SMALL_PAN"
+  "M9|h|MUTANT_RECOVER_RESENDS|net, terminal crash|counterexample:h|m9|-|$SMALL_PAN"
   "M10|i|MUTANT_PURGE_AT_RETENTION|= R3 but skew <= tol|counterexample:i|m10|-|-m20000 -w25"
   "M11|i|MUTANT_NO_FUTURE_REFUSAL|= R3|counterexample:i|m11|-|-m20000 -w25"
-  "M12|j|MUTANT_PER_INSTANCE_DRIVER|= T1|counterexample:j|m12|-|-m20000 -w25"
+  "M12|j|MUTANT_PER_INSTANCE_DRIVER|= T1|counterexample:j|m12|-|$SMALL_PAN"
   "X1|i|RETENTION SKEW_BEYOND (fix)|net x2|counterexample:i|x1|-|-m20000 -w25"
   "X2|g|RETENTION SKEW_BEYOND (fix)|net|counterexample:g|x2|-|-m20000 -w25"
   "O1|$SAFE g h k|OFFLINE|net x2, terminal crash|holds|off|2 0 1 0 0|$SAFE_PAN"
@@ -171,8 +181,8 @@ CHECKS=(
   "O6|$SAFE g h k|OFFLINE|net, crash, acquirer fault|holds|off|1 1 0 0 1|$SAFE_PAN"
   "L10|d|OFFLINE|net, terminal crash|holds|live-off|1 0 1 0 0|$LIVE_PAN"
   "L11|d|OFFLINE|net, acquirer fault|holds|live-off|1 0 0 0 1|$LIVE_PAN"
-  "M13|k|MUTANT_OFFLINE_AFTER_SEND|net|counterexample:k|m13|-|-m20000 -w25"
-  "M14|k|MUTANT_RECOVER_FENCES_STORED|net, terminal crash|counterexample:k|m14|-|-m20000 -w25"
+  "M13|k|MUTANT_OFFLINE_AFTER_SEND|net|counterexample:k|m13|-|$SMALL_PAN"
+  "M14|k|MUTANT_RECOVER_FENCES_STORED|net, terminal crash|counterexample:k|m14|-|$SMALL_PAN"
   # the acquirer boundary (acquirer.pml; NET: a lost message, a duplicated advice or
   # acknowledgement, a 0200 that never left)
   "A1|l m|acquirer, 1 key|net x3, crash x3, stall x2|holds|acq|3 3 0 2 0|$SAFE_PAN"
@@ -180,8 +190,8 @@ CHECKS=(
   "A3|l m|acquirer, 2 keys|net, stall|holds|acq2|1 0 0 1 0|$SAFE_PAN"
   "A4|n|acquirer, 1 key|net x2, crash x2, stall|holds|acq-live|2 2 0 1 0|-m50000 -a -N n"
   "A5|n|acquirer, 2 keys (no reversal)|net, crash|holds|acq2-live|1 1 0 0 0|-m50000 -a -N n"
-  "M15|l|MUTANT_RESEND_0200|net, crash, stall|counterexample:l|m15|-|-m20000 -w25"
-  "M16|m|MUTANT_SETTLE_THEN_QUEUE|net, crash, stall; m at end|counterexample:m|m16|-|-m20000 -w25"
+  "M15|l|MUTANT_RESEND_0200|net, crash, stall|counterexample:l|m15|-|$SMALL_PAN"
+  "M16|m|MUTANT_SETTLE_THEN_QUEUE|net, crash, stall; m at end|counterexample:m|m16|-|$SMALL_PAN"
 )
 
 # Which property pan's first error report states (the macros P_A … P_N, as pan prints them).

@@ -3,6 +3,7 @@ embedded SQLite directory, and real idempay servers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -12,7 +13,15 @@ import pytest
 
 from tests.support.backend import Backend
 from tests.support.citus import CitusCluster
+from tests.support.jvm import SHORT_LIVED_JVM
 from tests.support.services import create_database, drop_database, pg_url
+
+# Every driver JVM the suite starts through Spark's launcher — the CLI's audit, spark-submit,
+# the demo's audit, the analytics session — runs with a JIT and collector for a short life
+# (tests.support.jvm). Spark reads SPARK_SUBMIT_OPTS into the driver's command line without a
+# word on stderr, unlike JDK_JAVA_OPTIONS. The deployment test's Spark container keeps the
+# defaults.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)
 
 
 @pytest.fixture(scope="session")

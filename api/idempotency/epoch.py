@@ -39,15 +39,21 @@ async def ensure_epoch(engine: AsyncEngine) -> str:
 
 async def renew_epoch(engine: AsyncEngine) -> tuple[str | None, str]:
     """A new epoch (after a restore): (the previous one, the new one)."""
-    new = str(uuid.uuid4())
     async with atomic(engine) as conn:
-        old = await read_epoch(conn)
-        changed = await conn.execute(
-            update(DatabaseEpoch)
-            .where(DatabaseEpoch.id == EPOCH_ROW)
-            .values(epoch=new, created_at=utcnow())
-        )
-        if not changed.rowcount:
-            values = {"id": EPOCH_ROW, "epoch": new, "created_at": utcnow()}
-            await insert_if_absent(conn, DatabaseEpoch, values)
+        return await renew_epoch_in(conn)
+
+
+async def renew_epoch_in(conn: AsyncConnection) -> tuple[str | None, str]:
+    """``renew_epoch`` inside the caller's transaction: it takes effect with its commit (a
+    reversal whose mark could not reach Redis, ``api.transactions.resolution.reverse``)."""
+    new = str(uuid.uuid4())
+    old = await read_epoch(conn)
+    changed = await conn.execute(
+        update(DatabaseEpoch)
+        .where(DatabaseEpoch.id == EPOCH_ROW)
+        .values(epoch=new, created_at=utcnow())
+    )
+    if not changed.rowcount:
+        values = {"id": EPOCH_ROW, "epoch": new, "created_at": utcnow()}
+        await insert_if_absent(conn, DatabaseEpoch, values)
     return old, new

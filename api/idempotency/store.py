@@ -99,6 +99,20 @@ async def claim(conn: AsyncConnection, row: dict[str, Any]) -> bool:
 # within a process) and its lease end (with a random mark: across processes). A batch of
 # claims sent as one statement learns which rows it inserted from these (``RETURNING``).
 CLAIM_IDENTITY = ("merchant_id", "key", "created_at", "lease_until")
+# The columns of the row ``claim_row`` builds (the delegated claim on Citus names them).
+CLAIM_COLUMNS = (
+    "merchant_id",
+    "key",
+    "state",
+    "fingerprint",
+    "lease_token",
+    "lease_until",
+    "request",
+    "terminal_id",
+    "created_at",
+    "updated_at",
+    "deadline_at",
+)
 
 
 def claim_row(
@@ -206,6 +220,12 @@ async def take_over(
         )
     )
     return record.lease_token + 1 if result.rowcount else None
+
+
+def settled(conn: AsyncConnection, merchant_id: str, key: str) -> None:
+    """``key`` left ``processing`` in what ``conn`` runs: its waiters wake after the commit
+    (a write made elsewhere than by this module: the delegated finish on Citus)."""
+    _settled(conn, merchant_id, key, True)
 
 
 def _settled(conn: AsyncConnection, merchant_id: str, key: str, won: bool) -> bool:

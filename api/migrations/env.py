@@ -1,6 +1,7 @@
 """Alembic environment: async engines (asyncpg / aiosqlite), URL passed in by ``api.migrate``.
-On Citus the run ends by distributing the tables, in the same transaction and under the same
-lock (``api.migrate.distribute``)."""
+On Citus the run ends by distributing the tables and installing the create's delegated calls,
+in the same transaction and under the same lock (``api.migrate.distribute``,
+``api.transactions.delegated.install``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from api import models  # noqa: F401  (registers the tables)
 from api.db import Base
-from api.migrate import MIGRATION_LOCK, distribute
+from api.migrate import MIGRATION_LOCK, distribute, has_citus
+from api.transactions import delegated
 
 config = context.config
 target_metadata = Base.metadata
@@ -35,6 +37,8 @@ def _run(connection: Connection) -> None:
         context.run_migrations()
         if _at_head():  # the tables are distributable only in their latest shape
             distribute(connection)  # no-op unless the database has the citus extension
+            if has_citus(connection):  # the create's claim and finish as delegated calls
+                delegated.install(connection)
 
 
 def _at_head() -> bool:

@@ -22,6 +22,8 @@ from api.jsonfast import compact
 from api.models import OutboxEvent
 
 _INSERT = insert(OutboxEvent)
+# The columns of the row ``new_event`` builds (the delegated finish on Citus names them).
+EVENT_COLUMNS = ("event_id", "merchant_id", "type", "transaction_id", "payload", "created_at")
 COMPLETED = "transaction.completed"
 REVERSED = "transaction.reversed"
 ABORTED = "transaction.aborted"

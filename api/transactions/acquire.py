@@ -296,6 +296,9 @@ async def _write_ending(
     # The common finish as a ``Finish`` (a batch of them completes its keys together); the
     # in-doubt settlement with its 0420 as a work of its own.
     work = ending if in_doubt else finish
+    # The epoch before the commit: the answer is cached under it, never under one renewed
+    # (after a restore) while the commit was on its way back (contract §3.6).
+    epoch, announced = service.cache.epoch, service.cache.announcement
     unseen = False  # an attempt failed after it may have committed
     for attempt in range(WRITE_ATTEMPTS):
         try:
@@ -319,7 +322,8 @@ async def _write_ending(
     outcome = Outcome(
         201, text.encode(), event, IdempotencyStatus.CREATED, terminal_id=body.terminal_id
     )
-    await service.remember(merchant_id, key, service.fingerprint_of(body), outcome)
+    fingerprint = service.fingerprint_of(body)
+    await service.remember(merchant_id, key, fingerprint, outcome, epoch=epoch, announced=announced)
     return outcome
 
 

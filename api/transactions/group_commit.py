@@ -38,7 +38,9 @@ Postgres and SQLite differ only in how ``atomic`` opens the batch's transaction.
 - **Partitions.** A work may name a partition (``run(work, partition=…)``): a batch holds
   the works of one partition only. On Citus the partition is the merchant, so each batch is
   a single-shard transaction on the merchant's worker — never a distributed transaction that
-  a dead or moving worker would fail for every merchant in it.
+  a dead or moving worker would fail for every merchant in it. Lanes are counted per
+  partition: a batch of one merchant in flight never holds another merchant's writes back
+  (up to ``max_lanes`` batches in all, the connections the pool has).
 - **No endless queue.** A work still queued after ``queue_timeout`` (``IDEMPAY_DB_TIMEOUT``:
   every lane taken by stalled batches) leaves the queue unwritten and raises
   ``StorageUnavailableError``, as a write waiting that long for a connection did.
@@ -53,21 +55,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api import deferred
-from api.db import atomic, insert_if_absent
-from api.metrics import GROUP_COMMIT_TRANSACTIONS, GROUP_COMMIT_WRITES
+from api.db import atomic, autocommit, insert_if_absent
+from api.metrics import GROUP_COMMIT_DELEGATED, GROUP_COMMIT_TRANSACTIONS, GROUP_COMMIT_WRITES
+from api.models import IdempotencyKey
 from api.storage_errors import StorageUnavailableError, storage_unavailable
+from api.transactions import delegated
 
 T = TypeVar("T")
 Work = Callable[[AsyncConnection], Awaitable[T]]
 
 MAX_BATCH = 64
 STALL_S = 0.1  # a batch running longer than this frees its lane for the writes queued behind
+_NONE = object()  # no partition may start a batch now
 
 
 class _TogetherFailed(Exception):
@@ -88,6 +93,47 @@ class Together(Protocol):
 
     @classmethod
     async def run_together(cls, conn: AsyncConnection, works: list[Any]) -> list[Any]: ...
+
+
+class Delegated(Protocol):
+    """A work whose batch (of its own class) can be written as one call of a function the
+    database runs where the partition's rows live (``GroupCommit(delegate=True)``: Citus,
+    ``api.transactions.delegated``), on an autocommit connection: ``run_delegated`` gives
+    each work's result, in order, where ``can_delegate`` says so."""
+
+    def __call__(self, conn: AsyncConnection) -> Awaitable[Any]: ...
+
+    @classmethod
+    def can_delegate(cls, works: list[Any]) -> bool: ...
+
+    @classmethod
+    async def run_delegated(cls, conn: AsyncConnection, works: list[Any]) -> list[Any]: ...
+
+
+def _delegated_kind(works: list[Any]) -> type[Delegated] | None:
+    """The ``Delegated`` class of a batch whose works are all of that one class and may be
+    delegated together, else None."""
+    kind = type(works[0])
+    if (
+        hasattr(kind, "run_delegated")
+        and all(type(work) is kind for work in works)
+        and kind.can_delegate(works)
+    ):
+        return cast("type[Delegated]", kind)
+    return None
+
+
+def _together_kind(works: list[Any]) -> type[Together] | None:
+    """The ``Together`` class of a batch of two or more works all of that one class, else
+    None (a mixed batch, a lone work, or a class without set statements)."""
+    kind = type(works[0])
+    if (
+        len(works) > 1
+        and hasattr(kind, "run_together")
+        and all(type(work) is kind for work in works)
+    ):
+        return cast("type[Together]", kind)
+    return None
 
 
 class InsertIfAbsent:
@@ -122,6 +168,24 @@ class InsertIfAbsent:
     @classmethod
     async def run_together(cls, conn: AsyncConnection, works: list[Any]) -> list[Any]:
         return await _insert_together(conn, works)
+
+    @classmethod
+    def can_delegate(cls, works: list[Any]) -> bool:
+        return all(work.model is IdempotencyKey for work in works)
+
+    @classmethod
+    async def run_delegated(cls, conn: AsyncConnection, works: list[Any]) -> list[Any]:
+        """Claims of one merchant as one ``idempay_claim`` call (Citus), in key order as
+        ``_insert_together``; of two rows of one key, the first queued goes in."""
+        order = sorted(range(len(works)), key=lambda n: works[n].row["key"])
+        for work in works:
+            work.sent()
+        claims = [works[n].row for n in order]
+        won = await delegated.call(
+            conn, delegated.CLAIM_CALL, claims[0]["merchant_id"], delegated.dumps(claims)
+        )
+        inserted = {order[position] for position in won}
+        return [n in inserted for n in range(len(works))]
 
 
 _INSERT_TOGETHER: dict[tuple[str, str, tuple[str, ...]], Any] = {}
@@ -169,10 +233,11 @@ class _WorkFailed(Exception):
 
 
 class GroupCommit(Generic[T]):
-    """Writes queued works in shared transactions (module docstring). ``lanes``: batches in
-    flight at once (each holds one connection of the engine's pool), more while batches stall,
-    up to ``max_lanes``; ``kind`` labels its metrics; ``prologue``: the
-    statements run first in each batch's transaction (the claims' ``lock_timeout``);
+    """Writes queued works in shared transactions (module docstring). ``lanes``: batches of
+    one partition in flight at once (each holds one connection of the engine's pool), more
+    while batches stall; ``max_lanes``: batches in flight in all; ``kind`` labels its
+    metrics; ``prologue``: the statements run first in each batch's transaction (the claims'
+    ``lock_timeout``);
     ``new_key``: the batch claims new keys (``atomic``'s option: refused first on a nearly
     full SQLite disk)."""
 
@@ -189,10 +254,16 @@ class GroupCommit(Generic[T]):
         queue_timeout: float | None = None,
         defer_inserts: bool = False,
         together: bool = False,
+        delegate: bool = False,
     ) -> None:
         self.engine = engine
+        # Citus: a batch of ``Delegated`` works is one call, on an autocommit connection
+        self._delegate = (
+            engine.execution_options(isolation_level="AUTOCOMMIT") if delegate else None
+        )
         self._transactions = GROUP_COMMIT_TRANSACTIONS.labels(kind)
         self._writes = GROUP_COMMIT_WRITES.labels(kind)
+        self._delegated = GROUP_COMMIT_DELEGATED.labels(kind)
         self.lanes = max(1, lanes)
         self.max_lanes = max(self.lanes, max_lanes or self.lanes)
         self.max_batch = max(1, max_batch)
@@ -204,11 +275,14 @@ class GroupCommit(Generic[T]):
         self.defer_inserts = defer_inserts
         self.together = together
         self._pending: list[tuple[Work[T], asyncio.Future[T]]] = []
-        self._running: dict[int, float] = {}  # batch number → when it started (loop time)
+        # batch number → when it started (loop time) and its partition
+        self._running: dict[int, tuple[float, object]] = {}
         self._partitions: dict[int, object] = {}  # id(future) → its work's partition
+        self._queued: dict[object, int] = {}  # partition → its works in ``_pending``
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # transactions begun (committed or not): for tests and the benchmark
+        self.delegated_calls = 0  # of them, sent as one delegated call
         self.writes = 0
 
     async def run(self, work: Work[T], *, partition: object = None) -> T:
@@ -220,6 +294,7 @@ class GroupCommit(Generic[T]):
         entry = (work, future)
         self._pending.append(entry)
         self._partitions[id(future)] = partition
+        self._queued[partition] = self._queued.get(partition, 0) + 1
         self._start()
         try:
             done, _ = await asyncio.wait({future}, timeout=self.queue_timeout)
@@ -228,40 +303,70 @@ class GroupCommit(Generic[T]):
             raise
         if not done and entry in self._pending:
             self._pending.remove(entry)
-            self._partitions.pop(id(future), None)
+            self._unqueue(self._partitions.pop(id(future), None))
             future.cancel()
             raise StorageUnavailableError("no lane for the write in time: nothing was written")
         return await future
 
-    def _capacity(self, now: float) -> int:
-        stalled = sum(1 for started in self._running.values() if now - started >= STALL_S)
-        return min(self.max_lanes, self.lanes + stalled)
+    def _next_partition(self, now: float) -> object:
+        """The partition of the oldest queued work that may start a batch now — fewer than
+        ``lanes`` batches of its partition running, plus one per batch of it stalled past
+        ``STALL_S`` — or ``_NONE``. Lanes are counted per partition: on Citus a batch of one
+        merchant never holds another merchant's writes (one partition elsewhere: the lanes
+        are the whole committer's)."""
+        running: dict[object, int] = {}
+        stalled: dict[object, int] = {}
+        for started, partition in self._running.values():
+            running[partition] = running.get(partition, 0) + 1
+            if now - started >= STALL_S:
+                stalled[partition] = stalled.get(partition, 0) + 1
+        seen: set[object] = set()
+        for _work, future in self._pending:
+            partition = self._partitions.get(id(future))
+            if partition in seen:
+                continue
+            seen.add(partition)
+            capacity = min(self.max_lanes, self.lanes + stalled.get(partition, 0))
+            if running.get(partition, 0) < capacity:
+                return partition
+            if len(seen) == len(self._queued):  # every queued partition looked at
+                break
+        return _NONE
+
+    def _unqueue(self, partition: object) -> None:
+        left = self._queued.get(partition, 0) - 1
+        if left > 0:
+            self._queued[partition] = left
+        else:
+            self._queued.pop(partition, None)
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._pending and len(self._running) < self._capacity(loop.time()):
-            batch = self._take()
+        while self._pending and len(self._running) < self.max_lanes:
+            partition = self._next_partition(loop.time())
+            if partition is _NONE:
+                break
+            batch = self._take(partition)
             self.batches += 1
             number = self.batches
-            self._running[number] = loop.time()
+            self._running[number] = (loop.time(), partition)
             task = asyncio.create_task(self._write(number, batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if self._pending and self._timer is None and len(self._running) < self.max_lanes:
             self._timer = loop.call_later(STALL_S, self._tick)  # look again for a stall
 
-    def _take(self) -> list[tuple[Work[T], asyncio.Future[T]]]:
-        """The next batch: the oldest queued work and those queued after it in the same
-        partition, up to ``max_batch``."""
-        first = self._partitions.get(id(self._pending[0][1]))
+    def _take(self, partition: object) -> list[tuple[Work[T], asyncio.Future[T]]]:
+        """The next batch of ``partition``: its oldest queued work and those queued after it,
+        up to ``max_batch``."""
         batch: list[tuple[Work[T], asyncio.Future[T]]] = []
         rest: list[tuple[Work[T], asyncio.Future[T]]] = []
         for entry in self._pending:
-            same = self._partitions.get(id(entry[1])) == first
+            same = self._partitions.get(id(entry[1])) == partition
             (batch if same and len(batch) < self.max_batch else rest).append(entry)
         self._pending = rest
         for _work, future in batch:
-            self._partitions.pop(id(future), None)
+            self._unqueue(self._partitions.pop(id(future), None))
         return batch
 
     def _tick(self) -> None:
@@ -298,18 +403,16 @@ class GroupCommit(Generic[T]):
         (``together``), and the works' deferred inserts sent in one statement per table after
         the last work (``defer_inserts``, ``api.deferred``); if such a statement fails for a
         reason of its own, ``_TogetherFailed``."""
+        rows = [work for work, _future in batch]
+        if together and self._delegate is not None:
+            delegated = _delegated_kind(rows)
+            if delegated is not None:
+                await self._call(batch, delegated, self._delegate)
+                return None
         self._transactions.inc()
         results: list[Any] = []
         defer = together and self.defer_inserts and len(batch) > 1
-        rows = [work for work, _future in batch]
-        kind = type(rows[0])
-        one_go = (
-            together
-            and self.together
-            and len(rows) > 1
-            and hasattr(kind, "run_together")
-            and all(type(work) is kind for work in rows)
-        )
+        kind = _together_kind(rows) if together and self.together else None
         try:
             async with atomic(self.engine, new_key=self.new_key) as conn:
                 for statement in self.prologue:
@@ -317,9 +420,9 @@ class GroupCommit(Generic[T]):
                 if defer:
                     deferred.collect(conn)
                 try:
-                    if one_go and kind.can_go_together(conn, rows):  # type: ignore[attr-defined]
+                    if kind is not None and kind.can_go_together(conn, rows):
                         try:
-                            results = await kind.run_together(conn, rows)  # type: ignore[attr-defined]
+                            results = await kind.run_together(conn, rows)
                         except Exception as exc:
                             if storage_unavailable(exc):
                                 raise  # the batch's fate: every waiter gets it
@@ -357,6 +460,38 @@ class GroupCommit(Generic[T]):
         for (_work, future), result in zip(batch, results, strict=True):
             _answer(future, result=result)
         return None
+
+    async def _call(
+        self,
+        batch: list[tuple[Work[T], asyncio.Future[T]]],
+        kind: type[Delegated],
+        engine: AsyncEngine,
+    ) -> None:
+        """``batch`` as one delegated call (its own transaction on the partition's node):
+        every waiter answered. A call of several works that fails for a reason of its own
+        (a key held past the lock timeout) raises ``_TogetherFailed``: the batch is written
+        again as a transaction, each work's statements on their own, and the failing work
+        alone gets its error."""
+        self._transactions.inc()
+        self._delegated.inc()
+        self.delegated_calls += 1
+        try:
+            async with autocommit(engine) as conn:
+                results = await kind.run_delegated(conn, [work for work, _future in batch])
+        except Exception as exc:
+            if len(batch) > 1 and not storage_unavailable(exc):
+                raise _TogetherFailed(repr(exc)) from exc
+            for _work, future in batch:
+                _answer(future, error=exc)
+            return
+        except BaseException as exc:
+            for _work, future in batch:
+                _answer(future, error=exc)
+            raise
+        self.writes += len(batch)
+        self._writes.inc(len(batch))
+        for (_work, future), result in zip(batch, results, strict=True):
+            _answer(future, result=result)
 
     async def close(self) -> None:
         """Wait for the batches in flight (the server's shutdown, after the last request)."""

@@ -147,6 +147,10 @@ async def fence(
                 reason=reason,
             )
     if fenced:
-        await service.refresh_epoch()
+        # under the database's epoch, read now: this server's may be behind it (re-read every
+        # few seconds, in the background) while the claimer's busy hint, and the retries that
+        # meet it, are under the database's (contract §3.6)
+        if service.cache.enabled:
+            await service.bind_epoch()
         await service.cache.mark_fenced(record.merchant_id, record.key)
     return fenced

@@ -76,6 +76,18 @@ def _ledger_amount(txn_type: str, amount: int) -> tuple[str, int]:
 _INSERT_TRANSACTION = insert(Transaction)
 _INSERT_LEDGER = insert(LedgerEntry)
 _FIELDS = tuple(NewTransaction.__slots__)
+# The columns of the rows ``insert_transaction`` builds (the delegated finish on Citus names
+# them): the transaction's, and its ledger entry's.
+TRANSACTION_COLUMNS = tuple("metadata" if name == "metadata_json" else name for name in _FIELDS)
+LEDGER_COLUMNS = (
+    "entry_id",
+    "merchant_id",
+    "transaction_id",
+    "amount",
+    "currency",
+    "kind",
+    "created_at",
+)
 
 
 async def insert_transaction(conn: AsyncConnection, txn: NewTransaction) -> None:

@@ -7,6 +7,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import structlog
+
 from api.acquirer import advice
 from api.acquirer.types import AcquirerError
 from api.db import atomic, utcnow
@@ -19,12 +21,15 @@ from api.errors import (
 )
 from api.events.writer import RequestOutcome as Event
 from api.idempotency import store
+from api.idempotency.epoch import read_epoch, renew_epoch_in
 from api.idempotency.store import KeyRecord, KeyState
 from api.outbox import writer as outbox
 from api.transactions import recovery, repository
 from api.transactions.outcome import IdempotencyStatus as Status
 from api.transactions.outcome import Outcome, from_error, key_state_body
 from api.transactions.service import ABORTED_DETAIL, TransactionService
+
+log = structlog.get_logger("idempay.reversal")
 
 REVERSAL_WAIT_S = 2.0  # the 0400's answer awaited inline; then the queued 0420 carries it
 
@@ -50,11 +55,20 @@ async def _current_body(service: TransactionService, record: KeyRecord) -> bytes
     return (await _current(service, record))[0]
 
 
+def _epochs(*epochs: str | None) -> list[str]:
+    """The distinct known epochs, in order."""
+    return list(dict.fromkeys(e for e in epochs if e is not None))
+
+
 async def lookup(service: TransactionService, merchant_id: str, key: str) -> Outcome:
     await service.refresh_epoch()
+    # The epoch before the database is read: what it answers is cached under this one, never
+    # under an epoch renewed (after a restore) while the read was on its way (contract §3.6).
+    epoch = service.cache.epoch
     cached = await service.cache.get_lookup(merchant_id, key)
     if cached is not None:
         return Outcome(200, cached, Event.FOUND, Status.PROCESSED)
+    announced = service.cache.announcement  # as seen just now, before the database read
     txn = None
     if service.inline is not None:  # the key and its transaction in one read (one round trip)
         record, txn = await service.inline.read_with_transaction(merchant_id, key)
@@ -67,7 +81,9 @@ async def lookup(service: TransactionService, merchant_id: str, key: str) -> Out
     if record.state == KeyState.COMPLETED:
         body, reversed_ = await _current(service, record, txn)
         # versioned: if a reversal committed since our read, its entry wins (contract §3.7)
-        await service.cache.put_lookup(merchant_id, key, body, reversed_=reversed_)
+        await service.cache.put_lookup(
+            merchant_id, key, body, epoch=epoch, reversed_=reversed_, announced=announced
+        )
         return Outcome(200, body, Event.FOUND, Status.PROCESSED, terminal_id=terminal)
     if record.state == KeyState.PROCESSING:
         return service.processing(key, terminal, Event.PROCESSING)
@@ -181,6 +197,7 @@ async def reverse(
     """``reason``: an operator's (``idempay admin key reverse``), recorded in the outbox
     event when this call reverses the transaction; the HTTP route gives none."""
     await service.refresh_epoch()
+    epoch = service.cache.epoch  # before the database is read (as in ``lookup``)
     record = await service.read(merchant_id, key)
     if record is None:
         error: ApiError = NotFoundError(NOT_FOUND_DETAIL)
@@ -209,8 +226,18 @@ async def reverse(
                 terminal_id=terminal,
             )
         # Before the commit: from here on no cache writer may store "approved" for the key,
-        # whenever its database read was (contract §3.7).
-        await service.cache.mark_reversing(merchant_id, key)
+        # whenever its database read was (contract §3.7) — under the database's epoch too:
+        # this server's may be behind it (re-read every few seconds, in the background, and
+        # no marker check on this path), while other servers serve lookups under it (§3.6).
+        marked = _epochs(epoch, await read_epoch(conn) if service.cache.enabled else None)
+        renewed = None
+        unmarked = not await service.cache.mark_reversing(merchant_id, key, epochs=marked)
+        if unmarked and txn.status != "reversed":
+            # Redis may hold an "approved" it cannot be told to take back, and Redis is
+            # advisory: the reversal still commits (contract §3.4), and with it a new epoch
+            # for the database, so every entry cached before it — that "approved" among them
+            # — is never served again once a server has re-read the epoch (§3.6, §3.7).
+            _, renewed = await renew_epoch_in(conn)
         now = utcnow()
         reversed_now = await repository.reverse(conn, txn, now=now)
         if reversed_now:
@@ -237,11 +264,26 @@ async def reverse(
                 now=now,
                 reason=reason,
             )
+    if renewed is not None:  # this server follows its own renewal at once; the others
+        # within their periodic re-read (api.transactions.service.EPOCH_RECHECK_SECONDS)
+        log.warning(
+            "reversal.cache_unmarked",
+            merchant_id=merchant_id,
+            key=key,
+            epoch=renewed,
+            detail="Redis could not be told of the reversal: the database's epoch was renewed; "
+            "the cache serves nothing until the new epoch is announced (idempay admin new-epoch "
+            "once Redis answers, or when the old announcement expires)",
+        )
+        await service.bind_epoch()
     if reversed_now:  # the reversal and its advice are committed: now the 0400 (no
         # transaction open); unanswered, the advice worker repeats it as a 0420
         await _send_reversal(service, merchant_id, key)
     body, is_reversed = await _current(service, record)
-    await service.cache.put_lookup(merchant_id, key, body, reversed_=is_reversed)
+    # and under an epoch renewed while the reversal was on its way (read after the commit)
+    after = await service.bind_epoch() if service.cache.enabled and is_reversed else None
+    for each in _epochs(*marked, after) if is_reversed else _epochs(epoch):
+        await service.cache.put_lookup(merchant_id, key, body, epoch=each, reversed_=is_reversed)
     event = Event.REVERSED if reversed_now else Event.ALREADY_REVERSED
     return Outcome(200, body, event, Status.PROCESSED, terminal_id=terminal)
 

@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from api import deferred
 from api.acquirer.messages import rrn_for
 from api.acquirer.types import Authorization, AuthorizationRequest
 from api.config import Settings
@@ -44,7 +45,7 @@ from api.idempotency.store import KeyRecord, KeyState
 from api.models import IdempotencyKey
 from api.outbox import writer as outbox
 from api.storage_errors import end_unseen, storage_unavailable
-from api.transactions import acquire, recovery, repository, unknown_outcome
+from api.transactions import acquire, delegated, recovery, repository, unknown_outcome
 from api.transactions import inline as hot_path
 from api.transactions.group_commit import GroupCommit, InsertIfAbsent
 from api.transactions.guard import Guard, blocked, find_suspect, lock_key
@@ -87,6 +88,7 @@ class TransactionService:
         cache: ResponseCache | None = None,
         inline: hot_path.HotReads | None = None,
         citus: bool = False,
+        delegate: bool = False,
     ) -> None:
         self.engine = engine
         # On Citus a batch holds one merchant's writes: a single-shard transaction.
@@ -108,7 +110,10 @@ class TransactionService:
         self.settings = settings
         self.cache = cache or ResponseCache(None, prefix="", ttl=1, lookup_ttl=1, busy_ttl=1)
         self._epoch_due = 0.0
-        self._epoch_task: asyncio.Task[None] | None = None
+        self._suspect_due = 0.0  # the next re-read a foreign announcement may start inline
+        self._epoch_task: asyncio.Task[str | None] | None = None
+        self._epoch_reads = 0  # epoch reads started (``bind_epoch``)
+        self._epoch_read_bound = 0  # the latest-started read whose epoch is bound
         self._last_claim_at = utcnow()
         # Group commit (api/transactions/group_commit.py): many claims per commit, many
         # finishes per commit; a guarded claim keeps a transaction of its own.
@@ -128,6 +133,8 @@ class TransactionService:
             queue_timeout=settings.db_timeout,
             # the batch's claims in one INSERT (each learns from RETURNING if it went in)
             together=True,
+            # Citus with the delegated calls installed: a batch is one call (delegated.py)
+            delegate=delegate,
         )
         self.finishes: GroupCommit[str | None] = GroupCommit(
             engine,
@@ -142,6 +149,7 @@ class TransactionService:
             defer_inserts=True,
             # and their keys completed in one UPDATE (``Finish``, Postgres)
             together=True,
+            delegate=delegate,
         )
 
     # ----------------------------------------------------------------- helpers
@@ -174,20 +182,59 @@ class TransactionService:
         mark = secrets.randbelow(CLAIM_MARK_US)
         return now + timedelta(seconds=lease_s, microseconds=mark)
 
-    async def bind_epoch(self) -> None:
-        """Bind the cache to the database's epoch (contract §3.6); keep the known one if the
-        database does not answer in time."""
+    async def bind_epoch(self) -> str | None:
+        """Bind the cache to the database's epoch (contract §3.6) and return it; keep the
+        known one (and return None) if the database does not answer in time."""
+        self._epoch_reads += 1
+        started = self._epoch_reads
         try:
-            async with asyncio.timeout(self.settings.db_timeout), self.reader.connect() as conn:
-                self.cache.bind_epoch(await read_epoch(conn))
+            epoch = await self._database_epoch()
         except Exception:  # storage down: the cache stays bound to what we knew (or off)
-            return
+            return None
+        if started < self._epoch_read_bound:  # a later-started read bound first: never go
+            return epoch  # back to an epoch it may have replaced (contract §3.6)
+        self._epoch_read_bound = started
+        self.cache.bind_epoch(epoch)
+        # the marker the cache's reads need (api/idempotency/cache.py)
+        if epoch is not None and await self.cache.confirm_epoch(epoch):
+            return await self._announced(epoch)
+        return epoch
+
+    async def _database_epoch(self) -> str | None:
+        """The database's epoch, read now (bounded by ``IDEMPAY_DB_TIMEOUT``)."""
+        async with asyncio.timeout(self.settings.db_timeout), self.reader.connect() as conn:
+            return await read_epoch(conn)
+
+    async def _announced(self, epoch: str) -> str | None:
+        """This server announced ``epoch`` (the marker was missing). It was read before the
+        announcement: a new-epoch committed in between, its marker lost (Redis restarted from
+        an older snapshot) before ours landed, would leave the OLD epoch announced and every
+        server still on it serving the restored-away entries for the marker's life. So the
+        database is asked again: still ``epoch`` → done; another → the announcement is
+        withdrawn and the new epoch read, bound and announced; no answer → withdrawn (nothing
+        is served from the cache until an epoch is announced again). Contract §3.6."""
+        try:
+            now = await self._database_epoch()
+        except Exception:  # storage down: an announcement nobody confirmed is taken back
+            await self.cache.withdraw_epoch(epoch)
+            return epoch
+        if now == epoch:
+            return epoch
+        await self.cache.withdraw_epoch(epoch)
+        return await self.bind_epoch()
 
     async def refresh_epoch(self) -> None:
         """Before using the cache: the first time, wait for the epoch; after that re-read it
         every few seconds in the background, so a running server follows a new epoch."""
-        if self.cache.enabled and self.cache.epoch_suspect:
-            await self.bind_epoch()  # a new epoch was announced: re-read it before serving
+        # Another epoch is announced: re-read it before serving — once per recheck interval,
+        # not per request. Until the announcement names this server's epoch the cache serves
+        # nothing anyway (a marker left naming an epoch the database no longer holds stays
+        # until an operator's new-epoch or its expiry: without the limit, every request on
+        # every server read the database's epoch meanwhile).
+        suspect = self.cache.enabled and self.cache.epoch_suspect
+        if suspect and time.monotonic() >= self._suspect_due:
+            self._suspect_due = time.monotonic() + EPOCH_RECHECK_SECONDS
+            await self.bind_epoch()
             self._epoch_due = time.monotonic() + EPOCH_RECHECK_SECONDS
             return
         if not self.cache.enabled or time.monotonic() < self._epoch_due:
@@ -310,10 +357,12 @@ class TransactionService:
         """The general path: an existing key answers from its row; a new one is judged
         (clock skew, age), then claimed and driven: claim, one 0200 (no transaction open),
         guarded finish."""
+        epoch = self.cache.epoch  # before the read: a replay is cached under it (§3.6)
         record = await self.read(merchant_id, key)  # one autocommit round trip on Postgres
         now = self._claim_time()
         if record is not None:
-            return await self._about_a_stored_key(self.existing(record, fingerprint), body)
+            answer = self.existing(record, fingerprint, epoch=epoch)
+            return await self._about_a_stored_key(answer, body)
         if (skew := self._clock_skew(body, key, now)) is not None:
             return skew
         if self._too_late(body, key, now):
@@ -328,7 +377,8 @@ class TransactionService:
         return outcome
 
     async def _existing_key(self, merchant_id: str, key: str, fingerprint: str) -> Outcome:
-        return await self.existing(await self.must_read(merchant_id, key), fingerprint)
+        epoch = self.cache.epoch
+        return await self.existing(await self.must_read(merchant_id, key), fingerprint, epoch=epoch)
 
     async def _about_a_stored_key(
         self, answer: Coroutine[Any, Any, Outcome], body: TransactionCreate
@@ -344,9 +394,18 @@ class TransactionService:
             return self._in_progress(body.terminal_id)
 
     async def remember(
-        self, merchant_id: str, key: str, fingerprint: str, outcome: Outcome
+        self,
+        merchant_id: str,
+        key: str,
+        fingerprint: str,
+        outcome: Outcome,
+        *,
+        epoch: str | None,
+        announced: str | None = None,
     ) -> None:
-        """After commit: let Redis answer the next replay (advisory, best effort)."""
+        """After commit: let Redis answer the next replay (advisory, best effort). ``epoch``:
+        the cache's epoch before the answer was committed or read (contract §3.6);
+        ``announced``: its announcement then, for a creation's lookup entry (§3.7)."""
         await self.cache.put_response(
             merchant_id,
             key,
@@ -354,7 +413,9 @@ class TransactionService:
             status=outcome.status,
             body=outcome.body,
             terminal_id=outcome.terminal_id,
+            epoch=epoch,
             created=outcome.event == RequestOutcome.CREATED,
+            announced=announced,
         )
 
     def _answer_completed(
@@ -482,6 +543,7 @@ class TransactionService:
         409 in flight (Retry-After), or 503 for a guarded create, whose lock may be another
         key's (the lookup says 404: nothing was processed under this key). Unreadable
         (storage down) → 409: the key's row may be a create's in flight."""
+        epoch = self.cache.epoch
         try:
             record = await self.read(merchant_id, key)
         except Exception as exc:  # the key's row may be held by a create in flight: 409
@@ -489,7 +551,8 @@ class TransactionService:
                 raise
             return self._in_progress(body.terminal_id)
         if record is not None:
-            return await self._about_a_stored_key(self.existing(record, fingerprint), body)
+            answer = self.existing(record, fingerprint, epoch=epoch)
+            return await self._about_a_stored_key(answer, body)
         if guard is not None:
             return from_error(
                 ServiceUnavailableError(GUARD_HELD_DETAIL),
@@ -542,6 +605,7 @@ class TransactionService:
                 and record.lease_until == lease_until
             )
 
+        epoch = self.cache.epoch  # before any read-back
         (outcome,) = await unknown_outcome.resolve([key], reader, ours)
         if isinstance(outcome, unknown_outcome.Applied):
             if outcome.record.request:  # drive what the claim stored (the guard's override)
@@ -551,7 +615,8 @@ class TransactionService:
                 merchant_id, key, body, token=1, created_at=now, event=RequestOutcome.CREATED
             )
         if isinstance(outcome, unknown_outcome.NotApplied) and outcome.record is not None:
-            return await self._about_a_stored_key(self.existing(outcome.record, fingerprint), body)
+            answer = self.existing(outcome.record, fingerprint, epoch=epoch)
+            return await self._about_a_stored_key(answer, body)
         return self._in_progress(body.terminal_id)
 
     async def _claim(
@@ -738,6 +803,7 @@ class TransactionService:
         """Someone took the key over while the acquirer answered us: the winner's result
         (its settlement queued the reversal advice that undoes an answer we could not
         record)."""
+        epoch = self.cache.epoch
         try:
             record = await self.must_read(merchant_id, key)
         except Exception as exc:  # unreadable now: the key is claimed, never absent
@@ -746,7 +812,7 @@ class TransactionService:
             return self.processing(key, body.terminal_id, event)
         if record.state == KeyState.PROCESSING:  # settled by its new owner soon: 202
             return self.processing(key, body.terminal_id, event)
-        return await self.existing(record, record.fingerprint or "")
+        return await self.existing(record, record.fingerprint or "", epoch=epoch)
 
     async def _fence_expired(
         self,
@@ -780,12 +846,15 @@ class TransactionService:
             )
         if fenced:
             return outcome
-        return await self.existing(await self.must_read(merchant_id, key), fingerprint)
+        epoch = self.cache.epoch
+        return await self.existing(await self.must_read(merchant_id, key), fingerprint, epoch=epoch)
 
     # ---------------------------------------------------------- existing keys
-    async def existing(self, record: KeyRecord, fingerprint: str) -> Outcome:
+    async def existing(self, record: KeyRecord, fingerprint: str, *, epoch: str | None) -> Outcome:
         """Answer from a key that exists: 410 when fenced, 422 for another body, the replay
-        when completed, 409 while its lease is live — else recover it now."""
+        when completed, 409 while its lease is live — else recover it now. ``epoch``: the
+        cache's epoch taken before ``record`` was read — a replay is cached under it, never
+        under an epoch a re-read bound while the read was on its way (contract §3.6)."""
         terminal = record.terminal_id
         if record.state == KeyState.ABORTED:
             return from_error(
@@ -816,7 +885,7 @@ class TransactionService:
                 (record.response_body or "").encode(),
                 terminal,
             )
-            await self.remember(record.merchant_id, record.key, fingerprint, outcome)
+            await self.remember(record.merchant_id, record.key, fingerprint, outcome, epoch=epoch)
             return outcome
         now = utcnow()
         if record.lease_live(now):
@@ -825,8 +894,9 @@ class TransactionService:
         if recovered.outcome is not None:
             return recovered.outcome
         # Another taker won, or the key was settled past its deadline: the row as it is now.
+        epoch = self.cache.epoch
         again = await self.must_read(record.merchant_id, record.key)
-        return await self.existing(again, record.fingerprint or "")
+        return await self.existing(again, record.fingerprint or "", epoch=epoch)
 
 
 def _lanes(engine: AsyncEngine, configured: int = 1) -> tuple[int, int]:
@@ -925,6 +995,46 @@ class Finish:
         # Citus: a batch is one merchant's, but an UPDATE … FROM unnest(…) is not routed to
         # one shard; there each finish keeps its own UPDATE.
         return conn.dialect.name == "postgresql" and not works[0].service._by_merchant
+
+    @classmethod
+    def can_delegate(cls, works: list[Finish]) -> bool:
+        return True
+
+    @classmethod
+    async def run_delegated(cls, conn: AsyncConnection, works: list[Finish]) -> list[str | None]:
+        """Finishes of one merchant as one ``idempay_finish`` call (Citus): each key's
+        completion, and the rows each finish writes (collected, unsent: ``api.deferred``),
+        which the call inserts for the keys it completed."""
+        finishes = []
+        deferred.collect(conn)
+        try:
+            for work in works:
+                c = work._completion()
+                finishes.append(
+                    {
+                        "key": c.key,
+                        "token": c.token,
+                        "status": c.response_status,
+                        "body": c.response_body,
+                        "at": c.now,
+                    }
+                )
+                await work._written(conn)
+        finally:
+            rows = deferred.take(conn)
+        merchant_id = works[0].txn.merchant_id
+        won = set(
+            await delegated.call(
+                conn,
+                delegated.FINISH_CALL,
+                merchant_id,
+                delegated.dumps(finishes),
+                delegated.dumps(rows),
+            )
+        )
+        for n in won:  # the keys settled: this process's waiters wake once the call is back
+            store.settled(conn, merchant_id, works[n].txn.id)
+        return [work.text if n in won else None for n, work in enumerate(works)]
 
     @classmethod
     async def run_together(cls, conn: AsyncConnection, works: list[Finish]) -> list[str | None]:

@@ -46,9 +46,16 @@ def _prepares(citus: CitusCluster, database: str, since: float) -> int:
 def test_concurrent_merchants_never_share_a_batch(citus_db: Backend, citus: CitusCluster) -> None:
     database = citus_db.url.rsplit("/", 1)[1]
     dsn = citus.coordinator.dsn(database)
-    keys = {f"batch-{n}": citus_db.api_key(f"batch-{n}") for n in range(MERCHANTS)}
-    ids = {name: query(dsn, "SELECT id FROM merchant WHERE name = $1", name)[0][0] for name in keys}
-    placed = merchants_by_worker(dsn, list(ids.values()))
+    keys: dict[str, str] = {}
+    ids: dict[str, str] = {}
+    placed: dict[int, list[str]] = {}
+    # MERCHANTS merchants, more while they all hash to one worker's shards (random ids: 8 of
+    # them land on one worker once in 128 runs — seen once in CI)
+    while len(keys) < MERCHANTS or (len(placed) < 2 and len(keys) < 4 * MERCHANTS):
+        name = f"batch-{len(keys)}"
+        keys[name] = citus_db.api_key(name)
+        ids[name] = query(dsn, "SELECT id FROM merchant WHERE name = $1", name)[0][0]
+        placed = merchants_by_worker(dsn, list(ids.values()))
     assert len(placed) == 2, placed  # merchants on both workers
     for worker in citus.workers:
         execute_sync(worker.dsn(), f"ALTER DATABASE \"{database}\" SET log_statement = 'all'")
@@ -86,5 +93,5 @@ def test_concurrent_merchants_never_share_a_batch(citus_db: Backend, citus: Citu
     for worker in citus.workers:
         execute_sync(worker.dsn(), f'ALTER DATABASE "{database}" RESET log_statement')
     assert control >= 1, "the check sees no 2PC: it proves nothing"
-    assert statuses == Counter({201: MERCHANTS * PER_MERCHANT}), statuses
+    assert statuses == Counter({201: len(keys) * PER_MERCHANT}), statuses
     assert during == 0

@@ -137,65 +137,61 @@ integers_ish = st.one_of(
 )
 
 
+# Each field's values, built once (strategies built inside ``bodies`` were validated again at
+# every draw); ``bodies`` draws only the fields the body it makes holds.
+FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "terminal_id": st.one_of(
+        st.from_regex(r"[A-Za-z0-9_.\-]{1,64}", fullmatch=True),
+        st.text(max_size=70),
+        pick("", "T" * 65, "T-1\n", 7),
+    ),
+    "type": pick("purchase", "refund", "PURCHASE", None, 1),
+    "amount": integers_ish,
+    "currency": st.one_of(pick("BRL", "USD", "brl", "BR", "BRLX", 986), st.text(max_size=4)),
+    "card": st.one_of(
+        st.fixed_dictionaries(
+            {
+                "token": st.one_of(
+                    st.from_regex(r"tok_[A-Za-z0-9_]{1,130}", fullmatch=True),
+                    pick("tok_", "card_x", "tok_a-b"),
+                ),
+                "last4": st.one_of(pick("4242", "424", "42a2", 4242, "４２４２")),
+                "brand": st.one_of(
+                    st.from_regex(r"[a-zA-Z][a-z0-9_]{0,33}", fullmatch=True),
+                    pick("Visa", "visa", "v" * 33, "_visa"),
+                ),
+            },
+            optional={"cvv": pick("123")},
+        ),
+        pick(None, "tok_visa", {"token": "tok_x", "last4": "4242"}),
+    ),
+    "installments": integers_ish,
+    "captured_at": timestamps,
+    "expires_at": timestamps,
+    "metadata": st.one_of(
+        st.dictionaries(st.text(max_size=8), metadata, max_size=4),
+        st.builds(lambda n: {"note": "é" * n}, st.integers(2000, 2100)),
+        st.builds(lambda n: {"deep": deep(n)}, st.integers(13, 17)),
+        pick([], "notes", None),
+    ),
+    "entry_mode": pick("online", "offline", "OFFLINE", None),
+    "allow_duplicate": pick(True, False, "true", 1),
+    "extra": pick(1),
+}
+NAMES = sorted(FIELDS)
+
+
 @st.composite
 def bodies(draw: st.DrawFn) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "terminal_id": draw(
-            st.one_of(
-                st.from_regex(r"[A-Za-z0-9_.\-]{1,64}", fullmatch=True),
-                st.text(max_size=70),
-                pick("", "T" * 65, "T-1\n", 7),
-            )
-        ),
-        "type": draw(pick("purchase", "refund", "PURCHASE", None, 1)),
-        "amount": draw(integers_ish),
-        "currency": draw(
-            st.one_of(pick("BRL", "USD", "brl", "BR", "BRLX", 986), st.text(max_size=4))
-        ),
-        "card": draw(
-            st.one_of(
-                st.fixed_dictionaries(
-                    {
-                        "token": st.one_of(
-                            st.from_regex(r"tok_[A-Za-z0-9_]{1,130}", fullmatch=True),
-                            pick("tok_", "card_x", "tok_a-b"),
-                        ),
-                        "last4": st.one_of(pick("4242", "424", "42a2", 4242, "４２４２")),
-                        "brand": st.one_of(
-                            st.from_regex(r"[a-zA-Z][a-z0-9_]{0,33}", fullmatch=True),
-                            pick("Visa", "visa", "v" * 33, "_visa"),
-                        ),
-                    },
-                    optional={"cvv": pick("123")},
-                ),
-                pick(None, "tok_visa", {"token": "tok_x", "last4": "4242"}),
-            )
-        ),
-        "installments": draw(integers_ish),
-        "captured_at": draw(timestamps),
-        "expires_at": draw(timestamps),
-        "metadata": draw(
-            st.one_of(
-                st.dictionaries(st.text(max_size=8), metadata, max_size=4),
-                st.builds(lambda n: {"note": "é" * n}, st.integers(2000, 2100)),
-                st.builds(lambda n: {"deep": deep(n)}, st.integers(13, 17)),
-                pick([], "notes", None),
-            )
-        ),
-        "entry_mode": draw(pick("online", "offline", "OFFLINE", None)),
-        "allow_duplicate": draw(pick(True, False, "true", 1)),
-        "extra": draw(pick(1)),
-    }
     if draw(st.booleans()):  # one field changed from a valid body (or dropped)
-        name = draw(st.sampled_from(sorted(fields)))
-        body = {**VALID, name: fields[name]}
+        name = draw(st.sampled_from(NAMES))
         if draw(st.booleans()) and name != "extra":
-            body.pop(name)
-        return body
-    present = draw(st.sets(st.sampled_from(sorted(fields))))
+            return {field: value for field, value in VALID.items() if field != name}
+        return {**VALID, name: draw(FIELDS[name])}
+    present = draw(st.sets(st.sampled_from(NAMES)))
     if draw(st.booleans()):
         present |= {"terminal_id", "amount", "currency", "card"}
-    return {name: value for name, value in fields.items() if name in present}
+    return {name: draw(FIELDS[name]) for name in NAMES if name in present}
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

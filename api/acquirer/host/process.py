@@ -31,10 +31,21 @@ __all__ = ["LOCAL", "AcquirerProcess", "free_port", "sign_on", "start_acquirer",
 LOCAL = "127.0.0.1"
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOCAL, 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on now, never one this process was given before:
+    the kernel hands a port just released out again, so two ports asked for one after
+    the other (a PostgreSQL's and a Patroni REST API's, an acquirer host's two) could be
+    the same one. Every harness of the project takes its ports here."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((LOCAL, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def sign_on(port: int, *, host: str = LOCAL, timeout: float = 2.0) -> bool:
@@ -79,6 +90,7 @@ class AcquirerProcess:
         self.store = store or folder / "acquirer.sqlite3"
         self.log_path = log_path or folder / "acquirer.log"
         self.args = tuple(args)
+        self._port_given = port is not None
         self.port = port or free_port()
         self.control_port = free_port()
         self.env = {**os.environ, **(env or {})}
@@ -120,9 +132,23 @@ class AcquirerProcess:
             )
 
     def start(self, *, timeout: float = 30.0) -> Self:
-        self.launch()
-        self.wait_ready(timeout=timeout)
-        return self
+        """Launch and wait until ready. A port picked here (``free_port``) can be taken by
+        another process before the host binds it (parallel test runs): then the host exits
+        with "address already in use" and is launched again on new ports (a port given by
+        the caller is kept: that failure is the caller's)."""
+        for attempt in range(3):
+            self.launch()
+            try:
+                self.wait_ready(timeout=timeout)
+                self._port_given = True  # started: a restart keeps the port servers dial
+                return self
+            except RuntimeError as exc:
+                if attempt == 2 or self.alive() or "address already in use" not in str(exc):
+                    raise
+            if not self._port_given:
+                self.port = free_port()
+            self.control_port = free_port()
+        raise AssertionError("unreachable")
 
     def wait_ready(self, *, timeout: float = 30.0) -> None:
         """Until a sign-on is answered (or, started ``--down``, the control socket is)."""

@@ -104,6 +104,19 @@ def test_a_day_without_approvals_has_only_a_zero_trailer(
     assert [p.name for p in tmp_path.iterdir()] == ["empty.csv"]  # no temp file left
 
 
+@pytest.fixture(scope="module")
+def day_file(
+    day_of_sales: tuple[Path, date, dict[str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> list[str]:
+    """The day's clearing file as the host writes it (its lines), read back whole: the file
+    each tampering test edits."""
+    store, day, _ = day_of_sales
+    out = tmp_path_factory.mktemp("day-file") / "clearing.csv"
+    _clearing(store, day, out)
+    assert read_clearing(out).record_count == 4
+    return out.read_text().splitlines()
+
+
 def _tamper(lines: list[str], how: str) -> list[str]:
     if how == "amount edited":
         cells = lines[1].split(",")
@@ -134,14 +147,10 @@ def _tamper(lines: list[str], how: str) -> list[str]:
     ],
 )
 def test_read_clearing_refuses_a_tampered_file(
-    day_of_sales: tuple[Path, date, dict[str, str]], tmp_path: Path, how: str
+    day_file: list[str], tmp_path: Path, how: str
 ) -> None:
-    store, day, _ = day_of_sales
     out = tmp_path / "clearing.csv"
-    _clearing(store, day, out)
-    lines = out.read_text().splitlines()
-    assert read_clearing(out).record_count == 4
-    out.write_text("\n".join(_tamper(lines, how)) + "\n")
+    out.write_text("\n".join(_tamper(day_file, how)) + "\n")
     with pytest.raises(ClearingFileError):
         read_clearing(out)
 

@@ -56,6 +56,15 @@ def _readiness(api: Api) -> dict[str, object]:
         return client.get("/readyz").json()  # type: ignore[no-any-return]
 
 
+def _wait_until_ready(api: Api) -> None:
+    eventually(
+        lambda: _readiness(api),
+        until=lambda ready: ready["status"] == "ok",
+        what="readiness to recover once Redis is back",
+        timeout=15,
+    )
+
+
 def test_redis_killed_and_flushed_mid_run_changes_nothing(
     pg_backend: Backend, private_redis: RedisServer
 ) -> None:
@@ -73,12 +82,7 @@ def test_redis_killed_and_flushed_mid_run_changes_nothing(
         assert ready.status_code == 200
         assert ready.json() == {"status": "degraded", "checks": {"database": "ok", "redis": "down"}}
         private_redis.start()  # same port: the pool reconnects
-        eventually(
-            lambda: _readiness(api),
-            until=lambda ready: ready["status"] == "ok",
-            what="readiness to recover once Redis is back",
-            timeout=15,
-        )
+        _wait_until_ready(api)
         after = asyncio.run(_mixed_load(api, keys, 5))
     finally:
         server.stop()
@@ -138,6 +142,30 @@ def test_lookup_cache_is_dropped_by_a_reversal(
         client = redis.Redis.from_url(private_redis.url)
         ttls = [client.ttl(name) for name in client.scan_iter("*")]
         assert ttls and all(ttl > 0 for ttl in ttls), ttls  # every Redis key has a TTL
+    finally:
+        server.stop()
+
+
+def test_a_reversal_with_redis_down_is_reversed_and_never_contradicted_after(
+    pg_backend: Backend, private_redis: RedisServer
+) -> None:
+    """Redis is advisory (§3.4): with it down a reversal still reverses (200), and once it is
+    back no server answers the "approved" its create had cached (§3.7)."""
+    server = pg_backend.server(IDEMPAY_REDIS_URL=private_redis.url)
+    api = Api(server.url, pg_backend.api_key("merchant-redis-down-reversal"))
+    try:
+        key = new_key()
+        assert api.create(key).status_code == 201
+        assert api.lookup(key).json()["status"] == "approved"  # cached in Redis
+        private_redis.kill()
+        reversed_ = api.reverse(key)
+        assert reversed_.status_code == 200, reversed_.text
+        assert reversed_.json()["status"] == "reversed"
+        assert api.lookup(key).json()["status"] == "reversed"
+        private_redis.start()  # same port: the pool reconnects
+        _wait_until_ready(api)
+        for _ in range(3):
+            assert api.lookup(key).json()["status"] == "reversed"
     finally:
         server.stop()
 

@@ -58,10 +58,7 @@ def test_creates_recover_from_a_full_disk_when_no_reserve_was_laid_down(tmp_path
             "IDEMPAY_VAR_DIR": str(tmp_path / "var"),  # off the disk
         }
         api_key = _prepare(env)
-        with (disk.mount / "taken").open("wb") as taken:
-            taken.write(b"\1" * (disk.free_bytes() - FREE_AT_START_MIB * 2**20))
-            taken.flush()
-            os.fsync(taken.fileno())
+        disk.leave_free(FREE_AT_START_MIB)
         server = ServerProcess(env, tmp_path / "server.log", cwd=ROOT).start()
         load = Load(server.url, api_key, clients=8, wal=Path(f"{database}-wal"))
         try:

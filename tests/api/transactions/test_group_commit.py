@@ -14,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from api.storage_errors import StorageUnavailableError
+from api.transactions import group_commit
 from api.transactions import service as service_module
 from api.transactions.group_commit import GroupCommit
 from api.transactions.service import CLAIM_LOCK_TIMEOUT, TransactionService
@@ -316,4 +317,44 @@ async def test_a_batch_holds_one_partition_only(engine: AsyncEngine) -> None:
         assert committer.batches == 3  # the gate's; a1 a2 a3; b1 b2
         assert committer.writes == 6
     finally:
+        await committer.close()
+
+
+async def test_a_batch_in_flight_holds_no_other_partition_back(
+    pg_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lanes are counted per partition (on Citus: per merchant): while one merchant's batch
+    is in flight, another merchant's write gets a batch of its own at once; a second write of
+    the busy merchant waits for its lane. (No batch counts as stalled here: the stall rule
+    would free a lane after ``STALL_S`` whatever the partitions. Postgres: the partitions
+    are Citus's; SQLite writes one transaction at a time.)"""
+    monkeypatch.setattr(group_commit, "STALL_S", 3600.0)
+    async with private_engine(pg_backend) as engine:
+        await _two_partitions(engine)
+
+
+async def _two_partitions(engine: AsyncEngine) -> None:
+    committer: GroupCommit[str] = GroupCommit(engine, kind="claim", lanes=1, max_lanes=4)
+    gate = asyncio.Event()
+    try:
+
+        async def hold(conn: AsyncConnection) -> str:
+            await gate.wait()
+            return "held"
+
+        async def write(conn: AsyncConnection) -> str:
+            return "written"
+
+        held = asyncio.ensure_future(committer.run(hold, partition="a"))
+        await asyncio.sleep(0.01)
+        other = asyncio.ensure_future(committer.run(write, partition="b"))
+        same = asyncio.ensure_future(committer.run(write, partition="a"))
+        assert await asyncio.wait_for(other, 30) == "written"  # a's batch still held
+        await asyncio.sleep(0.2)
+        assert not same.done() and not held.done()
+        gate.set()
+        assert await held == "held" and await same == "written"
+        assert committer.batches == 3
+    finally:
+        gate.set()
         await committer.close()
