@@ -97,7 +97,13 @@ class _Call:
         watcher = asyncio.ensure_future(_disconnected(self.request, gone))
         try:
             outcome, self.waited = await waiting.until_settled(
-                self.ctx.waiters, self.merchant_id, self.key, self.wait_s, look, gone=gone
+                self.ctx.waiters,
+                self.merchant_id,
+                self.key,
+                self.wait_s,
+                look,
+                gone=gone,
+                read_only=self.endpoint == "lookup",
             )
         finally:
             watcher.cancel()

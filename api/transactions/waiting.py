@@ -22,7 +22,12 @@ in-flight answer stands. When this worker's waiting table is full the request is
 at once, as without the preference. Woken waiters look again through a bounded number of
 look slots (``Waiters.look_slots``: half the worker's hot-path connections), so a herd of
 hundreds on one key queues for slots instead of for the pool, whose timeout would answer
-503 (issue 17: waiting is 503-free).
+503 (waiting is 503-free). A lookup's first look (``read_only``: it changes nothing, so it
+may be made again) goes through a look slot too and is retried like the later ones: a herd
+arriving at once on a small pool queued its first looks on the pool, and under load some
+waited past ``IDEMPAY_DB_TIMEOUT`` into a 503. A create's or abort's first look is the
+request itself: neither slotted (a create never waits behind a herd's lookups) nor made
+again.
 """
 
 from __future__ import annotations
@@ -56,9 +61,12 @@ async def until_settled(
     look: Callable[[], Awaitable[Outcome]],
     *,
     gone: asyncio.Event | None = None,
+    read_only: bool = False,
 ) -> tuple[Outcome, bool]:
     """The answer of ``look`` once the key has settled (or the last in-flight one at the
-    limit); and whether the request waited. ``gone``: set when the client disconnected."""
+    limit); and whether the request waited. ``gone``: set when the client disconnected.
+    ``read_only``: ``look`` changes nothing (a lookup), so its first call is slotted and
+    retried like the later ones."""
     if seconds <= 0:
         return await look(), False
     loop = asyncio.get_running_loop()
@@ -68,7 +76,8 @@ async def until_settled(
             settled = stack.enter_context(waiters.watch(merchant_id, key))
         except WaitersFull:
             return await look(), False
-        outcome = await look()  # registered first: a settlement from now on is not missed
+        # registered first: a settlement from now on is not missed
+        outcome = await (_first_read(waiters, look, deadline) if read_only else look())
         if not in_flight(outcome):
             return outcome, False
         while True:
@@ -93,6 +102,25 @@ async def until_settled(
             if not in_flight(again):
                 return again, True
             outcome = again
+
+
+async def _first_read(
+    waiters: Waiters, look: Callable[[], Awaitable[Outcome]], deadline: float
+) -> Outcome:
+    """A lookup's first look through a look slot, made again at most once a second while
+    storage is away, until the limit (then the usual 503). No slot by the limit: the look is
+    made anyway — there is no earlier answer to give."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            async with waiters.look_slot(deadline - loop.time()) as free:
+                if free:
+                    return await look()
+            return await look()
+        except Exception:
+            if deadline - loop.time() <= STORAGE_RETRY_S:
+                raise
+            await asyncio.sleep(STORAGE_RETRY_S)
 
 
 def _stop(waiters: Waiters, gone: asyncio.Event | None) -> bool:

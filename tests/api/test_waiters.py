@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -278,3 +279,56 @@ async def test_a_waiter_that_gets_no_look_slot_by_its_limit_answers_its_last_loo
         outcome, waited = await until_settled(waiters, "m", "k", 0.5, look)
         await waking
     assert (outcome, waited) == (IN_FLIGHT, True)
+
+
+async def test_a_lookups_first_looks_queue_for_the_look_slots_and_a_failed_one_is_made_again() -> (
+    None
+):
+    """A herd of lookups arriving at once: their first looks run at most ``look_slots`` at a
+    time (before, all of them queued on the pool, and under load some waited past the pool
+    timeout into a 503), and a first look that fails while storage is away is made again —
+    every request gets the settled answer."""
+    waiters = Waiters(limit=100, look_slots=2)
+    running = peak = 0
+    failed_once: set[int] = set()
+
+    def looker(i: int) -> Callable[[], Awaitable[Outcome]]:
+        async def look() -> Outcome:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            try:
+                await asyncio.sleep(0.005)
+                if i % 5 == 0 and i not in failed_once:
+                    failed_once.add(i)
+                    raise ConnectionError("pool timeout")
+                return SETTLED
+            finally:
+                running -= 1
+
+        return look
+
+    results = await asyncio.gather(
+        *(until_settled(waiters, "m", "k", 10.0, looker(i), read_only=True) for i in range(40))
+    )
+    assert [outcome for outcome, _ in results] == [SETTLED] * 40
+    assert peak == 2
+    assert len(failed_once) == 8
+
+
+async def test_a_creates_first_look_is_neither_slotted_nor_made_again() -> None:
+    """A create's first look is the create itself: it never waits behind a herd's looks,
+    and a failure is its answer (it may have committed)."""
+    waiters = Waiters(limit=4, look_slots=1)
+    calls = 0
+
+    async def create() -> Outcome:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError("storage")
+
+    async with waiters.look_slot(1.0) as held:  # a herd's look holds the only slot
+        assert held
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(until_settled(waiters, "m", "k", 10.0, create), 0.5)
+    assert calls == 1
