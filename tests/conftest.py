@@ -16,6 +16,8 @@ from tests.support.citus import CitusCluster
 from tests.support.jvm import SHORT_LIVED_JVM
 from tests.support.services import create_database, drop_database, pg_url
 
+pytest_plugins = ("tests.support.cpu_report",)  # the heaviest tests by CPU, in every run
+
 # Every driver JVM the suite starts through Spark's launcher — the CLI's audit, spark-submit,
 # the demo's audit, the analytics session — runs with a JIT and collector for a short life
 # (tests.support.jvm). Spark reads SPARK_SUBMIT_OPTS into the driver's command line without a
