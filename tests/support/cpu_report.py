@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import resource
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,9 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
     # an attribute of the report's own: pytest-xdist carries it to the controller
