@@ -13,6 +13,8 @@
 #   VERIFY_ONLY="S1 M2" scripts/verify.sh    a subset, by check id
 #   VERIFY_KEEP=1 scripts/verify.sh          keep the work dir (pan output, trails, replays)
 #   VERIFY_JOBS=N                            parallel searches (default: cores, at most 4)
+#   VERIFY_PAN_CACHE=DIR                     where compiled pans are kept (default
+#                                            ~/.cache/idempay-verify; empty: compile every one)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,6 +41,16 @@ ensure_spin
 command -v gcc >/dev/null 2>&1 || { echo "verify: gcc is required" >&2; exit 2; }
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/idempay-verify.XXXXXX")"
+# Compiled pans, kept between runs outside the repository (VERIFY_PAN_CACHE= : none); one
+# not used for 30 days goes.
+PAN_CACHE="${VERIFY_PAN_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/idempay-verify}"
+if [ -n "$PAN_CACHE" ]; then
+  if mkdir -p "$PAN_CACHE" 2>/dev/null; then
+    find "$PAN_CACHE" -name 'pan-*' -mtime +30 -delete 2>/dev/null || true
+  else
+    PAN_CACHE=""
+  fi
+fi
 cleanup() {
   local pids
   pids="$(jobs -pr)"
@@ -263,11 +275,25 @@ build() {  # build NAME: spin -a and gcc into $WORK/build-NAME; writes its statu
     if ! spin $(field_of 2 "$spec") -a "$model" >spin.out 2>&1; then
       echo spin-error >status; exit 0
     fi
+    # The compiled pan is kept by what it is built from (spin's C, the flags, the compiler):
+    # the same model and build compile to the same program, so a later run copies it
+    # instead of compiling again. Every search still runs.
+    local cflags key cached
+    cflags="$(field_of 3 "$spec")"
+    key="$(cat pan.[bchmpt] | { cat; echo "$cflags"; gcc --version | head -n1; } | sha256sum | cut -c1-32)"
+    cached="$PAN_CACHE/pan-$key"
+    if [ -n "$PAN_CACHE" ] && [ -x "$cached" ] && cp "$cached" pan 2>/dev/null; then
+      touch "$cached"
+      echo cached >cache; echo ok >status; exit 0
+    fi
     # shellcheck disable=SC2086
-    if ! gcc $(field_of 3 "$spec") -w -o pan pan.c >gcc.out 2>&1; then
+    if ! gcc $cflags -w -o pan pan.c >gcc.out 2>&1; then
       echo gcc-error >status; exit 0
     fi
-    echo ok >status
+    if [ -n "$PAN_CACHE" ]; then  # whole or not at all: a copy renamed into place
+      cp pan "$cached.$$" 2>/dev/null && mv -f "$cached.$$" "$cached" 2>/dev/null || rm -f "$cached.$$"
+    fi
+    echo compiled >cache; echo ok >status
   )
 }
 
@@ -361,8 +387,11 @@ t1="$(date +%s)"
 # ---------------------------------------------------------------- the summary
 field() { sed -n "s/^$1=//p" "$2" 2>/dev/null | head -n1; }
 
-printf '\nSPIN model check of docs/protocol/idempay.pml and acquirer.pml (%s; %s parallel jobs, %ss)\n\n' \
-  "$(spin -V 2>/dev/null | head -n1)" "$JOBS" "$(( t1 - t0 ))"
+cached="$(cat "$WORK"/build-*/cache 2>/dev/null | grep -c '^cached$' || true)"
+builds="$(ls -d "$WORK"/build-* 2>/dev/null | wc -l)"
+printf '\nSPIN model check of docs/protocol/idempay.pml and acquirer.pml (%s; %s parallel jobs, %ss; %s of %s pans compiled, %s from %s)\n\n' \
+  "$(spin -V 2>/dev/null | head -n1)" "$JOBS" "$(( t1 - t0 ))" "$(( builds - cached ))" "$builds" \
+  "$cached" "${PAN_CACHE:-no cache}"
 fmt='%-3s %-14s %-25s %-34s %-17s %-17s %10s %6s %7s %-8s %s\n'
 # shellcheck disable=SC2059
 printf "$fmt" id property variant bounds expected outcome states depth time complete verdict
