@@ -5,8 +5,10 @@ cores busy throughout), so a test's CPU, not its wall time, is what it takes fro
 Counted per test (setup, call and teardown): the pytest process's own CPU and that of the
 child processes it started and reaped meanwhile (servers, CLIs, spark-submit and its JVM,
 pan): ``getrusage`` of ``RUSAGE_SELF`` and ``RUSAGE_CHILDREN``, user + system. Not counted:
-the machine's shared PostgreSQL and Redis, and a child still running when the test ends (a
-session-scoped cluster is counted in the test that stops it, or not at all). Under
+the machine's shared PostgreSQL and Redis, and a child still running when the test ends: it
+is counted in the test during which it is reaped (a session-scoped cluster in the test that
+stops it; a process whose handle was dropped unreaped in whichever later test collects it —
+so a small test high in the list is carrying another's processes). Under
 pytest-xdist each worker measures its own tests and the figure travels on the report.
 
 The summary prints the ``--cpu-top`` heaviest tests (default 25, 0: none) and the total.
