@@ -41,7 +41,38 @@ def end_unseen(exc: BaseException) -> bool:
         return True  # the client's side: connection closed, reset, left mid-operation
     if getattr(exc, "severity", None) in ("FATAL", "PANIC"):
         return True
+    if citus_never_connected(exc):
+        return False
     return _sqlstate(exc).startswith(("08", "57P")) or citus_commit_unseen(exc)
+
+
+# The Citus coordinator's ERROR (08006) for a worker it could not connect to: the statement
+# never reached the worker, so nothing of it can have committed there (a worker that is down,
+# or still starting, or refusing sessions). A connection that broke once open says "server
+# closed the connection unexpectedly", or a FATAL of a running session ("terminating
+# connection …"), instead: the worker may have committed before it went — unseen.
+CITUS_NEVER_CONNECTED = (
+    "failed with the following error: Connection refused",
+    "failed with the following error: could not translate host name",
+    "failed with the following error: No route to host",
+    # the worker's postmaster refusing a new session (libpq: "FATAL:  <message>")
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is not yet accepting connections",
+    "the database system is in recovery mode",
+    "sorry, too many clients already",
+)
+
+
+def citus_never_connected(exc: BaseException) -> bool:
+    """True for the coordinator's answer that it could not open a connection to the worker
+    (above): a rollback, not an unknown outcome."""
+    if _sqlstate(exc) != "08006" or getattr(exc, "severity", None) != "ERROR":
+        return False
+    first_line = str(exc).split("\n", 1)[0]
+    return first_line.startswith("connection to the remote node") and any(
+        message in first_line for message in CITUS_NEVER_CONNECTED
+    )
 
 
 # Citus commits a single-shard transaction on the worker from the coordinator's COMMIT; when

@@ -103,6 +103,8 @@ class TransactionService:
         )
         # The hot path's key reads, without SQLAlchemy (api/transactions/inline.py).
         self.inline = inline
+        # A fresh create is claimed without a read first (``_create_in_phases``)
+        self._claims_first = engine.dialect.name == "postgresql"
         self.acquirer = acquirer
         self._secret = settings.secret_key.encode()
         # Phase 2–3 work that outlived its create's answer (202): the server finishes it.
@@ -356,7 +358,20 @@ class TransactionService:
     ) -> Outcome:
         """The general path: an existing key answers from its row; a new one is judged
         (clock skew, age), then claimed and driven: claim, one 0200 (no transaction open),
-        guarded finish."""
+        guarded finish.
+
+        On PostgreSQL a create that passes those judgements is claimed without reading its
+        key first: the claim's ``ON CONFLICT DO NOTHING`` tells whether the key existed, and
+        only then is its row read and answered (replay, 409, 422, 410) — one round trip and,
+        on Citus, one routed worker transaction less per new key. A create those
+        judgements refuse reads first, since an existing key answers from its row whatever
+        its body's times say; so does a guarded create (its claim takes the sale's guard
+        lock and looks for suspects, which a replay must not wait for). SQLite reads first:
+        there a claim queues for the one writer, and a replay must not wait behind it."""
+        if self._claims_first and guard is None:
+            now = self._claim_time()
+            if self._clock_skew(body, key, now) is None and not self._too_late(body, key, now):
+                return await self._claim_or_answer(merchant_id, key, body, fingerprint, now, guard)
         epoch = self.cache.epoch  # before the read: a replay is cached under it (§3.6)
         record = await self.read(merchant_id, key)  # one autocommit round trip on Postgres
         now = self._claim_time()
@@ -369,8 +384,19 @@ class TransactionService:
             if body.is_advice:  # the terminal already sold: nothing to fence, report it
                 return _advice_too_old(body.terminal_id)
             return await self._fence_expired(merchant_id, key, body, fingerprint, now)
+        return await self._claim_or_answer(merchant_id, key, body, fingerprint, now, guard)
+
+    async def _claim_or_answer(
+        self,
+        merchant_id: str,
+        key: str,
+        body: TransactionCreate,
+        fingerprint: str,
+        now: datetime,
+        guard: Guard | None,
+    ) -> Outcome:
         outcome = await self._claim_and_drive(merchant_id, key, body, fingerprint, now, guard)
-        if outcome is None:  # a concurrent request won the key between our read and insert
+        if outcome is None:  # the key existed (or a concurrent request won it): its answer
             return await self._about_a_stored_key(
                 self._existing_key(merchant_id, key, fingerprint), body
             )

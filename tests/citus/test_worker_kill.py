@@ -88,7 +88,7 @@ def test_a_killed_worker_fails_only_its_merchants(citus_db: Backend, citus: Citu
     assert set(fleet.statuses(on_victim)) <= {201, 202, 409, 503}, fleet.statuses(on_victim)
     assert fleet.statuses(on_victim, "after")[201] > 0
     # a 409 only for a create in flight when the worker died: sent before the kill ended and
-    # answered after it began (a create sent later fails its first read: 503)
+    # answered after it began (a create sent later finds its worker unreachable: 503)
     cut = [a for a in fleet.answers if a.status == 409]
     assert all(a.merchant_id in on_victim for a in cut), cut
     assert all(a.sent_at < killed_at and a.answered_at > killing_at for a in cut), (
