@@ -29,7 +29,7 @@ FAST_ENV = {
     "IDEMPAY_RATE_LIMIT_TERMINAL": "100000/second",
     "IDEMPAY_AUTH_FAILURE_LIMIT": "100000/minute",  # tests/api/security sets a low one
     "IDEMPAY_EVENT_FLUSH_INTERVAL": "0.05",
-    "IDEMPAY_DB_POOL_SIZE": "6",  # Postgres is shared (max_connections 100) by 3 test workers
+    "IDEMPAY_DB_POOL_SIZE": "6",  # Postgres is shared (max_connections 100) by 4 test workers
 }
 
 
