@@ -103,8 +103,6 @@ class TransactionService:
         )
         # The hot path's key reads, without SQLAlchemy (api/transactions/inline.py).
         self.inline = inline
-        # A fresh create is claimed without a read first (``_create_in_phases``)
-        self._claims_first = engine.dialect.name == "postgresql"
         self.acquirer = acquirer
         self._secret = settings.secret_key.encode()
         # Phase 2–3 work that outlived its create's answer (202): the server finishes it.
@@ -360,18 +358,12 @@ class TransactionService:
         (clock skew, age), then claimed and driven: claim, one 0200 (no transaction open),
         guarded finish.
 
-        On PostgreSQL a create that passes those judgements is claimed without reading its
-        key first: the claim's ``ON CONFLICT DO NOTHING`` tells whether the key existed, and
-        only then is its row read and answered (replay, 409, 422, 410) — one round trip and,
-        on Citus, one routed worker transaction less per new key. A create those
-        judgements refuse reads first, since an existing key answers from its row whatever
-        its body's times say; so does a guarded create (its claim takes the sale's guard
-        lock and looks for suspects, which a replay must not wait for). SQLite reads first:
-        there a claim queues for the one writer, and a replay must not wait behind it."""
-        if self._claims_first and guard is None:
-            now = self._claim_time()
-            if self._clock_skew(body, key, now) is None and not self._too_late(body, key, now):
-                return await self._claim_or_answer(merchant_id, key, body, fingerprint, now, guard)
+        The key is read before it is claimed, on every backend. Claiming a fresh key straight
+        away (its ``ON CONFLICT`` telling whether it existed) saves one read per create, but
+        sends every repeat of a stored key into the claim batches, where one whose row another
+        transaction holds (a finish, an operator's ``UPDATE``) stalls its batch-mates' claims
+        by the lock timeout, once per such repeat (tests/api/transactions/
+        test_repeats_of_stored_keys.py); the saving measured within noise (docs/scaling.md)."""
         epoch = self.cache.epoch  # before the read: a replay is cached under it (§3.6)
         record = await self.read(merchant_id, key)  # one autocommit round trip on Postgres
         now = self._claim_time()

@@ -104,9 +104,15 @@ async def test_a_held_key_whose_read_fails_is_409_not_503(
     key, payment, fingerprint = new_payment(990)
     # another create's claim, not committed yet
     async with held_key(dsn(private_pg_backend), MERCHANT, key) as held:
-        # every key read fails: on PostgreSQL a fresh create reads nothing before its claim,
-        # so the one read is the one after the claim's lock timeout
-        fault.armed = True
+        original = fault._read
+
+        async def first_read_then_fail(merchant_id: str, key: str) -> Any:
+            try:
+                return await original(merchant_id, key)
+            finally:
+                fault.armed = True  # every read after the create's first one fails
+
+        fault._read = first_read_then_fail
         outcome = await asyncio.wait_for(service.create(MERCHANT, key, payment, fingerprint), 30)
         assert fault.failed == 1, "the read after the lock timeout met the fault"
         assert outcome.status == 409, (outcome.status, outcome.body)

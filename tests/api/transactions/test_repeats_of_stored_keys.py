@@ -1,16 +1,17 @@
-"""Hostile review of be44fac (a fresh create on PostgreSQL is claimed without reading its key
-first: the claim's ``INSERT … ON CONFLICT DO NOTHING``, in the group-committed batch of claims,
-tells whether the key existed; only then is its row read and answered).
+"""Repeats of a stored key, on PostgreSQL: a create reads its key before it claims it, so a
+repeat is answered from the committed row and never joins the batch of claims
+(``TransactionService._create_in_phases``; a claim-first variant, which let the claim's
+``INSERT … ON CONFLICT DO NOTHING`` tell whether the key existed, failed the first test here).
 
-What read-first gave for free and claim-first must still keep (SPEC §2, §3):
+What they must keep (SPEC §2, §3):
 
 - a repeat of a key whose row another transaction is updating (an operator's open
   ``BEGIN; UPDATE idempotency_key …``, a backfill during a rolling deploy) is answered from its
-  committed row; read-first answered it without joining the batch of claims. Now the repeat's
-  row is IN the batch's ``INSERT``, which waits on that updater (``ON CONFLICT DO NOTHING``
-  waits for an in-progress updater of the conflicting row) until ``lock_timeout`` (250 ms),
-  then the batch is written again one claim at a time — each held repeat costing its
-  batch-mates another lock timeout. Fresh creates batched with them must not be stalled
+  committed row, without joining the batch of claims. In a batch's ``INSERT`` it would wait on
+  that updater (``ON CONFLICT DO NOTHING`` waits for an in-progress updater of the
+  conflicting row) until ``lock_timeout`` (250 ms), and the batch would be written again one
+  claim at a time — each held repeat costing its batch-mates another lock timeout. Fresh
+  creates batched with them must not be stalled
   much beyond the lock timeout (test_held_keys bounds an unrelated create at 2 s with a
   whole worker's connections held; here ~1 s with a 250 ms lock timeout);
 - a repeat of a key whose lease expired takes it over exactly once, settles it in doubt

@@ -1,9 +1,8 @@
-"""A fresh create on PostgreSQL is claimed without reading its key first: the claim's
-``ON CONFLICT DO NOTHING`` tells whether the key existed, and only then is the row read and
-answered. What must not change with it: a repeat of a key answers from its row (the replay,
-422 for another body) even when its body's times would now be refused, one 0200 per key
-under concurrent repeats, and SQLite still reads before it claims (a replay there must not
-queue for the one writer). ``TransactionService.read`` is watched, not replaced."""
+"""A create reads its key before it claims it, on every backend: a repeat of a stored key is
+answered from its row and never joins the batch of claims (test_repeats_of_stored_keys.py
+says why). With it: a repeat answers from its row (the replay, 422 for another body) even
+when its body's times would now be refused, and concurrent repeats of a fresh key send one
+0200. ``TransactionService.read`` is watched, not replaced."""
 
 from __future__ import annotations
 
@@ -33,22 +32,21 @@ def _count_reads(service: TransactionService, monkeypatch: pytest.MonkeyPatch) -
     return reads
 
 
-async def test_a_fresh_key_is_claimed_without_a_read_and_a_repeat_answers_from_its_row(
+async def test_a_fresh_key_is_read_before_its_claim_and_a_repeat_answers_from_its_row(
     private_backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     acquirer = ApprovingAcquirer()
-    postgres = private_backend.name == "postgres"
     async with running_service(private_backend, acquirer) as service:
         reads = _count_reads(service, monkeypatch)
         key, payment, fp = new_payment(1250)
         first = await service.create(MERCHANT, key, payment, fp)
         assert first.status == 201, first
-        assert reads == ([] if postgres else [key])
+        assert reads == [key]  # looked up first: absent, then claimed
 
         reads.clear()
         again = await service.create(MERCHANT, key, payment, fp)
         assert (again.status, again.body) == (201, first.body)  # the stored answer, replayed
-        assert reads == [key]  # read once: after the claim found the key (Postgres), or before
+        assert reads == [key]  # read once, and answered from the row: no claim tried
 
         other = TransactionCreate.model_validate(
             {**payment.model_dump(mode="json", exclude_none=True), "amount": 1251}
