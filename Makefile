@@ -33,8 +33,11 @@ demo: $(STAMP)
 # which still left 14 % of the CPU idle); tests sharing a private cluster or session stay on one worker
 # (xdist_group marks, set in tests/conftest.py). TEST_WORKERS=0 runs it in one process.
 # Every run prints the 25 slowest tests and the 25 heaviest by CPU (tests/support/cpu_report.py).
-# The deploy test (deploy-test below: image builds, the stack, its audit) runs after pytest:
-# run beside it on 2 cores, the stack missed its 180 s readiness bound under pytest's load.
+# The deploy test (deploy-test below: image builds, the stack, its audit) runs after pytest.
+# Beside it (the script's --start/join mode), a clean clone on 2 cores took 20:08 instead of
+# 21:53 (pytest 19:34 instead of 17:51; the deploy test 13 min, its stack up after 50 s): 1:45
+# saved for pytest's timing tests run under more load. On a slower machine the stack missed
+# its 180 s readiness bound that way.
 TEST_WORKERS ?= 4
 PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: $(STAMP) services tools
