@@ -388,7 +388,7 @@ class TransactionService:
         guard: Guard | None,
     ) -> Outcome:
         outcome = await self._claim_and_drive(merchant_id, key, body, fingerprint, now, guard)
-        if outcome is None:  # the key existed (or a concurrent request won it): its answer
+        if outcome is None:  # a concurrent request won the key between our read and insert
             return await self._about_a_stored_key(
                 self._existing_key(merchant_id, key, fingerprint), body
             )
