@@ -358,12 +358,9 @@ class TransactionService:
         (clock skew, age), then claimed and driven: claim, one 0200 (no transaction open),
         guarded finish.
 
-        The key is read before it is claimed, on every backend. Claiming a fresh key straight
-        away (its ``ON CONFLICT`` telling whether it existed) saves one read per create, but
-        sends every repeat of a stored key into the claim batches, where one whose row another
-        transaction holds (a finish, an operator's ``UPDATE``) stalls its batch-mates' claims
-        by the lock timeout, once per such repeat (tests/api/transactions/
-        test_repeats_of_stored_keys.py); the saving measured within noise (docs/scaling.md)."""
+        The key is read before it is claimed: a repeat of a stored key never joins a batch of
+        claims, where a row another transaction holds would stall its batch-mates by the lock
+        timeout (tests/api/transactions/test_repeats_of_stored_keys.py, docs/scaling.md)."""
         epoch = self.cache.epoch  # before the read: a replay is cached under it (§3.6)
         record = await self.read(merchant_id, key)  # one autocommit round trip on Postgres
         now = self._claim_time()
@@ -376,17 +373,6 @@ class TransactionService:
             if body.is_advice:  # the terminal already sold: nothing to fence, report it
                 return _advice_too_old(body.terminal_id)
             return await self._fence_expired(merchant_id, key, body, fingerprint, now)
-        return await self._claim_or_answer(merchant_id, key, body, fingerprint, now, guard)
-
-    async def _claim_or_answer(
-        self,
-        merchant_id: str,
-        key: str,
-        body: TransactionCreate,
-        fingerprint: str,
-        now: datetime,
-        guard: Guard | None,
-    ) -> Outcome:
         outcome = await self._claim_and_drive(merchant_id, key, body, fingerprint, now, guard)
         if outcome is None:  # a concurrent request won the key between our read and insert
             return await self._about_a_stored_key(
